@@ -1,0 +1,98 @@
+#pragma once
+/// \file
+/// Typed errors. Every public host API either succeeds or throws one of these and leaves the
+/// hierarchy's state unchanged. Capacity that cannot be covered now is a *wait* status, not an error.
+#include <stdexcept>
+#include <string>
+
+namespace dhisparse {
+
+/// Machine-readable error category.
+enum class errc {
+  unknown_request,           ///< request id was never admitted or already completed
+  duplicate_admission,       ///< request id is already admitted
+  position_out_of_range,     ///< selection entry negative (other than -1) or past the history capacity
+  position_beyond_frontier,  ///< selection entry names a row that does not exist yet
+  selection_too_long,        ///< more entries than the layout's top_k
+  size_mismatch,             ///< a buffer's size does not match the layout or configuration
+  invalid_source,            ///< source or payload layer index outside the layout
+  capacity_exceeded,         ///< a request's history would exceed the configured row capacity
+  host_pool_exhausted,       ///< no free page in the host store
+  pending_follower_copies,   ///< a source was resolved again before its follower layers copied the last plan
+  duplicate_in_batch,        ///< one request appears twice in a batched call
+  invalid_configuration,     ///< configuration values that cannot work together
+  device_error,              ///< a CUDA runtime call failed
+};
+
+/// Short name of an error category, for messages and logs.
+constexpr const char* to_string(errc e) noexcept {
+  switch (e) {
+    case errc::unknown_request: return "unknown_request";
+    case errc::duplicate_admission: return "duplicate_admission";
+    case errc::position_out_of_range: return "position_out_of_range";
+    case errc::position_beyond_frontier: return "position_beyond_frontier";
+    case errc::selection_too_long: return "selection_too_long";
+    case errc::size_mismatch: return "size_mismatch";
+    case errc::invalid_source: return "invalid_source";
+    case errc::capacity_exceeded: return "capacity_exceeded";
+    case errc::host_pool_exhausted: return "host_pool_exhausted";
+    case errc::pending_follower_copies: return "pending_follower_copies";
+    case errc::duplicate_in_batch: return "duplicate_in_batch";
+    case errc::invalid_configuration: return "invalid_configuration";
+    case errc::device_error: return "device_error";
+  }
+  return "unknown";
+}
+
+/// Base of all dhisparse errors; `code()` tells which rule was broken.
+class error : public std::runtime_error {
+ public:
+  error(errc code, const std::string& what) : std::runtime_error(std::string("dhisparse: ") + what), code_(code) {}
+  [[nodiscard]] errc code() const noexcept { return code_; }
+
+ private:
+  errc code_;
+};
+
+/// One type per category so callers can catch exactly what they handle.
+template <errc Code>
+class typed_error : public error {
+ public:
+  explicit typed_error(const std::string& what) : error(Code, what) {}
+};
+
+using unknown_request = typed_error<errc::unknown_request>;
+using duplicate_admission = typed_error<errc::duplicate_admission>;
+using position_out_of_range = typed_error<errc::position_out_of_range>;
+using position_beyond_frontier = typed_error<errc::position_beyond_frontier>;
+using selection_too_long = typed_error<errc::selection_too_long>;
+using size_mismatch = typed_error<errc::size_mismatch>;
+using invalid_source = typed_error<errc::invalid_source>;
+using capacity_exceeded = typed_error<errc::capacity_exceeded>;
+using host_pool_exhausted = typed_error<errc::host_pool_exhausted>;
+using pending_follower_copies = typed_error<errc::pending_follower_copies>;
+using duplicate_in_batch = typed_error<errc::duplicate_in_batch>;
+using invalid_configuration = typed_error<errc::invalid_configuration>;
+using device_error = typed_error<errc::device_error>;
+
+/// Throws the typed error that matches `code`.
+[[noreturn]] inline void throw_error(errc code, const std::string& what) {
+  switch (code) {
+    case errc::unknown_request: throw unknown_request(what);
+    case errc::duplicate_admission: throw duplicate_admission(what);
+    case errc::position_out_of_range: throw position_out_of_range(what);
+    case errc::position_beyond_frontier: throw position_beyond_frontier(what);
+    case errc::selection_too_long: throw selection_too_long(what);
+    case errc::size_mismatch: throw size_mismatch(what);
+    case errc::invalid_source: throw invalid_source(what);
+    case errc::capacity_exceeded: throw capacity_exceeded(what);
+    case errc::host_pool_exhausted: throw host_pool_exhausted(what);
+    case errc::pending_follower_copies: throw pending_follower_copies(what);
+    case errc::duplicate_in_batch: throw duplicate_in_batch(what);
+    case errc::invalid_configuration: throw invalid_configuration(what);
+    case errc::device_error: throw device_error(what);
+  }
+  throw error(code, what);
+}
+
+}  // namespace dhisparse

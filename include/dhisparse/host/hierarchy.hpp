@@ -1,0 +1,403 @@
+#pragma once
+/// \file
+/// The host reference hierarchy: the executable specification of dhisparse. It keeps, for every
+/// admitted request and source, the complete history in a paged host store, a ring tail of the
+/// newest T rows, a HotCache<B> and an optional-history map, and simulates each source's GPU
+/// payload pool in host memory so that every returned location can be read back and checked.
+/// The CUDA backend returns the same locations and leaves the same cache state on the same inputs.
+///
+/// Resolution of one selection (paper §3.2, Figure 2):
+///  1. entries in the tail (the newest T rows) or in a ready optional page resolve directly;
+///  2. the remaining distinct rows are looked up in the hot cache; rows found there are protected;
+///  3. missing rows (ascending row index) take the least recently used unprotected slots and are
+///     copied from the host store; locations are written in the selection's own order, -1 passes.
+/// Every public call validates first and throws a typed error with the state unchanged.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "../detail/lru_order.hpp"
+#include "../detail/request_registry.hpp"
+#include "../detail/validate.hpp"
+#include "../hierarchy_types.hpp"
+#include "../errors.hpp"
+#include "../layout.hpp"
+#include "../location_space.hpp"
+#include "../policies/hot_cache.hpp"
+#include "../policies/residency.hpp"
+#include "../types.hpp"
+#include "../resolver.hpp"
+#include "host_store.hpp"
+#include "../layouts/tiny.hpp"
+
+namespace dhisparse {
+
+template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy>
+class host_hierarchy {
+  static_assert(check_layout<Layout>());
+  static_assert(Layout::top_k <= Hot::rows,
+                "dhisparse: HotCache<B> must hold at least top_k rows (B >= top_k) so one selection always fits");
+
+ public:
+  using layout = Layout;
+  using batch_item = resolve_item;
+  using hot_cache = Hot;
+  using residency = Residency;
+  using order_index = typename Hot::order_index;
+  static constexpr std::size_t sources = source_count<Layout>;
+  static constexpr std::size_t hot_rows = Hot::rows;
+  static constexpr std::size_t top_k = Layout::top_k;
+  static constexpr std::size_t page_rows = Layout::page_rows;
+
+  explicit host_hierarchy(const hierarchy_config& cfg) : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
+    space_ = location_space{cfg_.max_requests, hot_rows, cfg_.tail_rows, cfg_.optional_pages, page_rows};
+    if (!space_.addressable())
+      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& d = Layout::sources[s];
+      auto& src = src_[s];
+      src.host_bytes.resize(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
+      src.store = host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, src.host_bytes);
+      src.pool.assign(d.payload_layers, std::vector<std::byte>(space_.rows() * d.row_bytes));
+      src.layer_pending.assign(d.payload_layers, false);
+      for (std::size_t g = cfg_.optional_pages; g-- > 0;) src.free_optional.push_back(static_cast<std::int32_t>(g));
+      src.state.resize(cfg_.max_requests);
+      for (auto& st : src.state) reset_state(st);
+    }
+  }
+
+  [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
+  [[nodiscard]] const location_space& space() const { return space_; }
+  [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
+  [[nodiscard]] std::size_t slot_of(request_id id) const { return registry_.slot(id); }
+  [[nodiscard]] std::size_t admitted_count() const { return registry_.size(); }
+
+  /// Admits a request with an empty history. Waits (returns not admitted) when no slot is free;
+  /// throws duplicate_admission for an id that is already admitted.
+  admission admit(request_id id) {
+    auto slot = registry_.admit(id);
+    if (!slot) return {};
+    return {true, *slot};
+  }
+
+  /// Completes a request: its host pages, optional pages and slot are released.
+  void complete(request_id id) {
+    std::size_t slot = registry_.slot(id);
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      auto& st = src.state[slot];
+      for (page_id g : st.host_pages)
+        if (g != no_page) src.store.release(g);
+      for (std::int32_t g : st.optional_page)
+        if (g >= 0) src.free_optional.push_back(g);
+      std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+      reset_state(st);
+    }
+    registry_.release(id);
+  }
+
+  /// Number of stored rows of a request's history for a source.
+  [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].frontier;
+  }
+
+  /// Appends `count` complete rows to a request's history for one source. `rows` holds, for each
+  /// payload layer of the source in order, `count` rows of `row_bytes` each. The rows enter the
+  /// host store (their recovery copy) and the tail.
+  void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
+    auto& st = src.state[slot];
+    if (rows.size() != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("append to source " + std::to_string(source) + " got " + std::to_string(rows.size()) +
+                          " bytes for " + std::to_string(count) + " rows, expected " +
+                          std::to_string(count * d.payload_layers * d.row_bytes));
+    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
+    if (last > static_cast<std::int64_t>(cfg_.max_rows))
+      throw capacity_exceeded("request " + std::to_string(id) + " would hold " + std::to_string(last) +
+                              " rows on source " + std::to_string(source) + ", capacity is " +
+                              std::to_string(cfg_.max_rows));
+    const std::size_t pages_needed = pages_for(last) - pages_for(first);
+    if (pages_needed > src.store.free_pages())
+      throw host_pool_exhausted("append needs " + std::to_string(pages_needed) + " host pages on source " +
+                                std::to_string(source) + ", " + std::to_string(src.store.free_pages()) + " free");
+    for (std::size_t g = pages_for(first); g < pages_for(last); ++g) st.host_pages[g] = src.store.allocate();
+    for (std::int64_t r = first; r < last; ++r) {
+      for (std::size_t l = 0; l < d.payload_layers; ++l) {
+        const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - first)) * d.row_bytes;
+        std::memcpy(src.store.row(st.host_pages[page_of(r)], l, r).data(), in, d.row_bytes);
+        if (r >= last - static_cast<std::int64_t>(cfg_.tail_rows))
+          std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
+      }
+    }
+    st.frontier = last;
+  }
+
+  /// Resolves one request's selection on a source; see the file comment. Returns where entries came from.
+  resolve_stats resolve(request_id id, std::size_t source, std::span<const row_index> selection,
+                        std::span<location> locations, copy_layers mode = copy_layers::all) {
+    resolve_item item{id, selection, locations};
+    return resolve(source, std::span<const resolve_item>(&item, 1), mode);
+  }
+
+  /// Resolves a batch of requests on one source (one step of one resolving consumer). The whole
+  /// batch is validated before any state changes.
+  resolve_stats resolve(std::size_t source, std::span<const resolve_item> batch, copy_layers mode = copy_layers::all) {
+    check_source(source);
+    auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " resolved again before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+    std::vector<std::size_t> slots;
+    slots.reserve(batch.size());
+    for (const auto& item : batch) {
+      const std::size_t slot = registry_.slot(item.request);
+      if (std::find(slots.begin(), slots.end(), slot) != slots.end())
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one resolve batch");
+      if (item.locations.size() != item.selection.size())
+        throw size_mismatch("request " + std::to_string(item.request) + ": " + std::to_string(item.locations.size()) +
+                            " location entries for a selection of " + std::to_string(item.selection.size()));
+      detail::validate_selection(item.selection, top_k, src.state[slot].frontier,
+                                 static_cast<std::int64_t>(cfg_.max_rows), item.request, source);
+      slots.push_back(slot);
+    }
+    src.plan.clear();
+    resolve_stats total;
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      total += resolve_one(source, slots[b], batch[b].selection, batch[b].locations, mode);
+    if (mode == copy_layers::producer_only)
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+    return total;
+  }
+
+  /// Replays the last resolve's host copies of `source` into follower payload `layer` (layer-wise
+  /// prefetch: the follower keeps its own bytes at the producer's locations). Returns bytes copied.
+  std::size_t copy_follower(std::size_t source, std::size_t layer) {
+    check_source(source);
+    auto& src = src_[source];
+    if (layer == 0 || layer >= src.layer_pending.size())
+      throw invalid_source("payload layer " + std::to_string(layer) + " is not a follower of source " +
+                           std::to_string(source));
+    if (!src.layer_pending[layer]) return 0;  // nothing planned, or already copied
+    const auto& d = Layout::sources[source];
+    for (const auto& c : src.plan)
+      std::memcpy(pool_row(source, layer, c.dst), src.store.row(src.state[c.slot].host_pages[page_of(c.row)], layer, c.row).data(),
+                  d.row_bytes);
+    src.layer_pending[layer] = false;
+    return src.plan.size() * d.row_bytes;
+  }
+
+  /// Copies of the last resolve on a source, in the order they were made.
+  [[nodiscard]] std::span<const planned_copy> last_plan(std::size_t source) const {
+    check_source(source);
+    return src_[source].plan;
+  }
+
+  /// Makes page `page` of a request's history ready in the optional-history map: takes a free
+  /// optional page of the pool, copies the page's rows from the host store, then publishes it.
+  /// Only complete pages qualify. Returns false (a wait) when no optional page is free.
+  bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& src = src_[source];
+    auto& st = src.state[slot];
+    if (static_cast<std::int64_t>((page + 1) * page_rows) > st.frontier)
+      throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                     " is not complete (" + std::to_string(st.frontier) + " rows)");
+    if (st.optional_page[page] >= 0) return true;
+    if (src.free_optional.empty()) return false;
+    const std::int32_t g = src.free_optional.back();
+    src.free_optional.pop_back();
+    const auto& d = Layout::sources[source];
+    for (std::size_t l = 0; l < d.payload_layers; ++l)
+      for (std::size_t i = 0; i < page_rows; ++i) {
+        const auto r = static_cast<std::int64_t>(page * page_rows + i);
+        std::memcpy(pool_row(source, l, space_.optional(static_cast<std::size_t>(g), r)),
+                    src.store.row(st.host_pages[page], l, r).data(), d.row_bytes);
+      }
+    st.optional_page[page] = g;  // publish after the copy
+    return true;
+  }
+
+  /// Retires an optional page (its rows keep their host copy); the pool page becomes free.
+  void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
+    check_source(source);
+    auto& src = src_[source];
+    auto& st = src.state[registry_.slot(id)];
+    if (page >= st.optional_page.size()) throw position_out_of_range("optional page " + std::to_string(page) + " out of range");
+    if (st.optional_page[page] < 0) return;
+    src.free_optional.push_back(st.optional_page[page]);
+    std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+    st.optional_page[page] = -1;
+  }
+
+  /// Free optional pages of a source's pool.
+  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const { return src_.at(source).free_optional.size(); }
+  /// Free host-store pages of a source.
+  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const { return src_.at(source).store.free_pages(); }
+
+  /// Bytes attention reads at `loc` of a source's payload layer (the simulated GPU pool).
+  [[nodiscard]] std::span<const std::byte> payload(std::size_t source, std::size_t layer, location loc) const {
+    check_source(source);
+    const auto& d = Layout::sources[source];
+    return std::span<const std::byte>(src_[source].pool.at(layer)).subspan(static_cast<std::size_t>(loc) * d.row_bytes,
+                                                                           d.row_bytes);
+  }
+  /// The host copy of a row (what recovery reads).
+  [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
+                                                    row_index row) const {
+    check_source(source);
+    const auto& src = src_[source];
+    const auto& st = src.state[registry_.slot(id)];
+    if (row < 0 || row >= st.frontier) throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
+    return src.store.row(st.host_pages[page_of(row)], layer, row);
+  }
+
+  /// Hot-cache contents of a request/source: row held by each slot, -1 when empty.
+  [[nodiscard]] std::span<const row_index> hot_rows_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].hot_row;
+  }
+  /// LRU order of a request/source's hot-cache slots, least recently used first.
+  [[nodiscard]] std::span<const order_index> lru_order_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].order;
+  }
+  /// Optional-history map of a request/source: pool page of each history page, -1 when not ready.
+  [[nodiscard]] std::span<const std::int32_t> optional_map_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].optional_page;
+  }
+
+ private:
+  struct slot_state {
+    std::int64_t frontier = 0;
+    std::vector<row_index> hot_row;          // B: row held by each hot slot, -1 if empty
+    std::vector<order_index> order;          // B: slots, least recently used first
+    std::vector<page_id> host_pages;         // history page -> host-store page
+    std::vector<std::int32_t> optional_page; // history page -> optional pool page, -1 if not ready
+  };
+  struct source_data {
+    std::vector<std::byte> host_bytes;
+    host_store store;
+    std::vector<std::vector<std::byte>> pool;  // per payload layer: the simulated GPU pool
+    std::vector<bool> layer_pending;
+    std::vector<std::int32_t> free_optional;   // descending: back() is the lowest free page
+    std::vector<slot_state> state;             // per request slot
+    std::vector<planned_copy> plan;            // host copies of the last resolve
+  };
+
+  static hierarchy_config normalised(hierarchy_config c) {
+    if (c.max_requests == 0) throw invalid_configuration("max_requests must be at least 1");
+    if (c.max_rows == 0) throw invalid_configuration("max_rows must be at least 1");
+    if (c.max_rows > static_cast<std::size_t>(INT32_MAX)) throw invalid_configuration("max_rows exceeds int32 rows");
+    if (c.tail_rows == 0) c.tail_rows = page_rows;
+    const std::size_t pages_per_request = (c.max_rows + page_rows - 1) / page_rows;
+    if (c.host_pages == 0) c.host_pages = c.max_requests * pages_per_request;
+    return c;
+  }
+  [[nodiscard]] static std::size_t page_of(std::int64_t row) { return static_cast<std::size_t>(row) / page_rows; }
+  [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
+    return (static_cast<std::size_t>(rows) + page_rows - 1) / page_rows;
+  }
+  void reset_state(slot_state& st) const {
+    const std::size_t pages = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
+    st.frontier = 0;
+    st.hot_row.assign(hot_rows, no_row);
+    st.order.resize(hot_rows);
+    for (std::size_t i = 0; i < hot_rows; ++i) st.order[i] = static_cast<order_index>(i);
+    st.host_pages.assign(pages, no_page);
+    st.optional_page.assign(pages, -1);
+  }
+  static void check_source(std::size_t source) {
+    if (source >= sources)
+      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
+  std::byte* pool_row(std::size_t source, std::size_t layer, location loc) {
+    return src_[source].pool[layer].data() + static_cast<std::size_t>(loc) * Layout::sources[source].row_bytes;
+  }
+
+  resolve_stats resolve_one(std::size_t source, std::size_t slot, std::span<const row_index> selection,
+                            std::span<location> out, copy_layers mode) {
+    auto& src = src_[source];
+    auto& st = src.state[slot];
+    const auto& d = Layout::sources[source];
+    resolve_stats stats;
+    const std::int64_t tail_begin = st.frontier - static_cast<std::int64_t>(cfg_.tail_rows);
+
+    // 1. tail and ready optional history
+    std::vector<std::size_t> pending;
+    std::unordered_map<row_index, std::int64_t> hot_slot;  // distinct unresolved row -> hot slot (-1: missing)
+    for (std::size_t i = 0; i < selection.size(); ++i) {
+      const row_index e = selection[i];
+      if (e == no_row) { out[i] = no_location; continue; }
+      ++stats.selected;
+      if (e >= tail_begin) { out[i] = space_.tail(slot, e); ++stats.direct; continue; }
+      if (const std::int32_t g = st.optional_page[page_of(e)]; g >= 0) {
+        out[i] = space_.optional(static_cast<std::size_t>(g), e);
+        ++stats.direct;
+        continue;
+      }
+      pending.push_back(i);
+      hot_slot.emplace(e, -1);
+    }
+    if (pending.empty()) return stats;  // every entry direct: no hot-cache scan
+
+    // 2. hot-cache scan: protect selected rows
+    std::vector<unsigned char> is_hit(hot_rows, 0);
+    for (std::size_t j = 0; j < hot_rows; ++j)
+      if (auto it = hot_slot.find(st.hot_row[j]); st.hot_row[j] != no_row && it != hot_slot.end()) {
+        it->second = static_cast<std::int64_t>(j);
+        is_hit[j] = 1;
+      }
+
+    // 3. misses in ascending row order take the LRU unprotected slots, then are recovered from host
+    std::vector<row_index> misses;
+    for (const auto& [row, j] : hot_slot)
+      if (j < 0) misses.push_back(row);
+    std::sort(misses.begin(), misses.end());
+    const auto victims = detail::lru_take_victims<order_index>(st.order, is_hit, misses.size());
+    const std::size_t layers = mode == copy_layers::all ? d.payload_layers : 1;
+    for (std::size_t t = 0; t < misses.size(); ++t) {
+      const row_index row = misses[t];
+      const std::size_t way = victims[t];
+      st.hot_row[way] = row;
+      hot_slot[row] = static_cast<std::int64_t>(way);
+      const location dst = space_.hot(slot, way);
+      const page_id hp = st.host_pages[page_of(row)];
+      for (std::size_t l = 0; l < layers; ++l)
+        std::memcpy(pool_row(source, l, dst), src.store.row(hp, l, row).data(), d.row_bytes);
+      src.plan.push_back({slot, row, dst});
+    }
+    stats.rows_copied = misses.size();
+    stats.bytes_copied = misses.size() * layers * d.row_bytes;
+
+    const std::unordered_set<row_index> missed(misses.begin(), misses.end());
+    for (std::size_t i : pending) {
+      const row_index e = selection[i];
+      out[i] = space_.hot(slot, static_cast<std::size_t>(hot_slot[e]));
+      ++(missed.contains(e) ? stats.host : stats.hot);
+    }
+    return stats;
+  }
+
+  hierarchy_config cfg_;
+  detail::request_registry registry_;
+  location_space space_{};
+  std::array<source_data, sources> src_;
+};
+
+static_assert(FusedResolver<host_hierarchy<layouts::tiny, lru_hot_cache<16>>>);
+
+}  // namespace dhisparse

@@ -1,0 +1,28 @@
+#pragma once
+/// \file
+/// A tiny layout for tests and the demo: small rows and pages so that every path (tail, hot cache,
+/// host recovery, follower copies, reuse and a second reindex on a shared source) runs in microseconds.
+#include <array>
+
+#include "../layout.hpp"
+
+namespace dhisparse::layouts {
+
+struct tiny {
+  static constexpr std::size_t top_k = 16;
+  static constexpr std::size_t page_rows = 8;
+  static constexpr std::array<source_desc, 2> sources{{
+      {64, 1, 2, 32},  // producer with one follower layer (GLM-5.3 style)
+      {32, 1, 1, 32},  // shared physical source (DeepSeek-V4.1-Flash style)
+  }};
+  static constexpr std::array<consumer_desc, 5> consumers{{
+      {0, consumer_kind::reindex, 0},
+      {0, consumer_kind::follower, 1},
+      {1, consumer_kind::reindex, 0},
+      {1, consumer_kind::reuse, 0},
+      {1, consumer_kind::reindex, 0},
+  }};
+};
+static_assert(valid_layout<tiny> && check_layout<tiny>());
+
+}  // namespace dhisparse::layouts

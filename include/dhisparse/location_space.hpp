@@ -1,0 +1,47 @@
+#pragma once
+/// \file
+/// Geometry of a source's GPU payload pool, shared by both backends. Locations are row indices:
+///
+///   [ hot cache: N slots x B rows | tail: N slots x T rows | optional history: P pages x p rows ]
+///
+/// so one int32 location addresses the same row in every payload layer of the source, and an
+/// attention kernel reads row `loc` of layer l at `layer_base(l) + loc * row_bytes`.
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "detail/config.hpp"
+#include "errors.hpp"
+#include "types.hpp"
+
+namespace dhisparse {
+
+/// Location arithmetic for one source's pool. Trivially copyable; usable in device code.
+struct location_space {
+  std::size_t slots = 0;           ///< N: request slots
+  std::size_t hot_rows = 0;        ///< B: hot-cache rows per slot
+  std::size_t tail_rows = 0;       ///< T: tail rows per slot (a ring over the newest rows)
+  std::size_t optional_pages = 0;  ///< P: pages of optional history shared by all slots
+  std::size_t page_rows = 0;       ///< p: rows per page
+
+  DHISPARSE_HD constexpr location hot(std::size_t slot, std::size_t way) const {
+    return static_cast<location>(slot * hot_rows + way);
+  }
+  DHISPARSE_HD constexpr location tail(std::size_t slot, std::int64_t row) const {
+    return static_cast<location>(slots * hot_rows + slot * tail_rows + static_cast<std::size_t>(row) % tail_rows);
+  }
+  DHISPARSE_HD constexpr location optional(std::size_t page, std::int64_t row) const {
+    return static_cast<location>(slots * (hot_rows + tail_rows) + page * page_rows +
+                                 static_cast<std::size_t>(row) % page_rows);
+  }
+  /// Rows of one payload layer's pool.
+  DHISPARSE_HD constexpr std::size_t rows() const {
+    return slots * (hot_rows + tail_rows) + optional_pages * page_rows;
+  }
+  /// True when every location fits a non-negative int32.
+  constexpr bool addressable() const {
+    return rows() <= static_cast<std::size_t>(std::numeric_limits<location>::max());
+  }
+};
+
+}  // namespace dhisparse
