@@ -1,0 +1,20 @@
+#pragma once
+/// \file
+/// Umbrella header of the host side of dhisparse (pure C++20, no CUDA headers).
+#include "errors.hpp"
+#include "hierarchy_types.hpp"
+#include "host/hierarchy.hpp"
+#include "host/host_store.hpp"
+#include "layout.hpp"
+#include "layouts/deepseek_v41_flash.hpp"
+#include "layouts/glm53.hpp"
+#include "layouts/tiny.hpp"
+#include "location_space.hpp"
+#include "planner.hpp"
+#include "policies/draft_ring.hpp"
+#include "policies/hot_cache.hpp"
+#include "policies/residency.hpp"
+#include "policies/staging_arena.hpp"
+#include "resolver.hpp"
+#include "types.hpp"
+#include "version.hpp"
