@@ -98,6 +98,7 @@ class host_hierarchy {
       for (std::int32_t g : st.optional_page)
         if (g >= 0) src.free_optional.push_back(g);
       std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+      std::erase_if(src.plan, [slot](const planned_copy& c) { return c.slot == slot; });  // its host pages are gone
       reset_state(st);
     }
     registry_.release(id);
@@ -118,18 +119,22 @@ class host_hierarchy {
     const auto& d = Layout::sources[source];
     auto& src = src_[source];
     auto& st = src.state[slot];
-    if (rows.size() != count * d.payload_layers * d.row_bytes)
-      throw size_mismatch("append to source " + std::to_string(source) + " got " + std::to_string(rows.size()) +
-                          " bytes for " + std::to_string(count) + " rows, expected " +
+    const auto room = static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - st.frontier);
+    if (count > room)
+      throw capacity_exceeded("request " + std::to_string(id) + " would hold " +
+                              (count <= SIZE_MAX / 2 ? std::to_string(static_cast<std::size_t>(st.frontier) + count)
+                                                      : std::to_string(count) + " more") +
+                              " rows on source " + std::to_string(source) + ", capacity is " +
+                              std::to_string(cfg_.max_rows) + " (" + std::to_string(room) + " left)");
+    if (rows.size() != count * d.payload_layers * d.row_bytes)  // count <= max_rows: no overflow
+      throw size_mismatch("append of request " + std::to_string(id) + " to source " + std::to_string(source) + " got " +
+                          std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
     const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
-    if (last > static_cast<std::int64_t>(cfg_.max_rows))
-      throw capacity_exceeded("request " + std::to_string(id) + " would hold " + std::to_string(last) +
-                              " rows on source " + std::to_string(source) + ", capacity is " +
-                              std::to_string(cfg_.max_rows));
     const std::size_t pages_needed = pages_for(last) - pages_for(first);
     if (pages_needed > src.store.free_pages())
-      throw host_pool_exhausted("append needs " + std::to_string(pages_needed) + " host pages on source " +
+      throw host_pool_exhausted("append of request " + std::to_string(id) + " needs " + std::to_string(pages_needed) +
+                                " host pages on source " +
                                 std::to_string(source) + ", " + std::to_string(src.store.free_pages()) + " free");
     for (std::size_t g = pages_for(first); g < pages_for(last); ++g) st.host_pages[g] = src.store.allocate();
     for (std::int64_t r = first; r < last; ++r) {
@@ -212,7 +217,10 @@ class host_hierarchy {
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
     auto& st = src.state[slot];
-    if (static_cast<std::int64_t>((page + 1) * page_rows) > st.frontier)
+    if (page >= st.optional_page.size())
+      throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                  " is outside its " + std::to_string(st.optional_page.size()) + " history pages");
+    if (page >= static_cast<std::size_t>(st.frontier) / page_rows)
       throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
                                      " is not complete (" + std::to_string(st.frontier) + " rows)");
     if (st.optional_page[page] >= 0) return true;
@@ -235,7 +243,9 @@ class host_hierarchy {
     check_source(source);
     auto& src = src_[source];
     auto& st = src.state[registry_.slot(id)];
-    if (page >= st.optional_page.size()) throw position_out_of_range("optional page " + std::to_string(page) + " out of range");
+    if (page >= st.optional_page.size())
+      throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                  " is outside its " + std::to_string(st.optional_page.size()) + " history pages");
     if (st.optional_page[page] < 0) return;
     src.free_optional.push_back(st.optional_page[page]);
     std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
@@ -243,21 +253,30 @@ class host_hierarchy {
   }
 
   /// Free optional pages of a source's pool.
-  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const { return src_.at(source).free_optional.size(); }
+  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const {
+    check_source(source);
+    return src_[source].free_optional.size();
+  }
   /// Free host-store pages of a source.
-  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const { return src_.at(source).store.free_pages(); }
+  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
+    check_source(source);
+    return src_[source].store.free_pages();
+  }
 
   /// Bytes attention reads at `loc` of a source's payload layer (the simulated GPU pool).
   [[nodiscard]] std::span<const std::byte> payload(std::size_t source, std::size_t layer, location loc) const {
-    check_source(source);
+    check_layer(source, layer);
+    if (loc < 0 || static_cast<std::size_t>(loc) >= space_.rows())
+      throw position_out_of_range("location " + std::to_string(loc) + " outside the pool's " +
+                                  std::to_string(space_.rows()) + " rows");
     const auto& d = Layout::sources[source];
-    return std::span<const std::byte>(src_[source].pool.at(layer)).subspan(static_cast<std::size_t>(loc) * d.row_bytes,
-                                                                           d.row_bytes);
+    return std::span<const std::byte>(src_[source].pool[layer]).subspan(static_cast<std::size_t>(loc) * d.row_bytes,
+                                                                        d.row_bytes);
   }
   /// The host copy of a row (what recovery reads).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
-    check_source(source);
+    check_layer(source, layer);
     const auto& src = src_[source];
     const auto& st = src.state[registry_.slot(id)];
     if (row < 0 || row >= st.frontier) throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
@@ -323,6 +342,12 @@ class host_hierarchy {
   static void check_source(std::size_t source) {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
+  static void check_layer(std::size_t source, std::size_t layer) {
+    check_source(source);
+    if (layer >= Layout::sources[source].payload_layers)
+      throw invalid_source("payload layer " + std::to_string(layer) + " outside source " + std::to_string(source) +
+                           "'s " + std::to_string(Layout::sources[source].payload_layers));
   }
   std::byte* pool_row(std::size_t source, std::size_t layer, location loc) {
     return src_[source].pool[layer].data() + static_cast<std::size_t>(loc) * Layout::sources[source].row_bytes;

@@ -4,9 +4,11 @@
 ///
 /// Replacement is exact LRU with a deterministic order, identical on both backends:
 /// each (request, source) keeps its B slots in an order list, least recently used first.
-/// A resolver call that finds H selected rows in the cache and must recover M distinct rows
-/// from host takes as victims the first M slots of the order that hold no selected row
-/// (empty slots sit at the front, so they are used first, lowest slot first). The missing rows,
+/// Only selected rows that did not resolve directly (tail, ready optional page) take part: a
+/// resolver call that finds H of them in the cache and must recover M distinct rows from host
+/// takes as victims the first M slots of the order that hold none of them (empty slots sit at
+/// the front, so they are used first, lowest slot first). A cached row served directly is
+/// neither protected nor refreshed by that call. The missing rows,
 /// in ascending row index, go to the victims in order-list order. The new order is
 /// `[untouched slots, in old order] ++ [hit slots, in old order] ++ [victim slots, in old order]`:
 /// LRU with ties among rows used by the same call broken by their previous recency.
