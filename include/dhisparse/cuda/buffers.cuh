@@ -1,0 +1,114 @@
+#pragma once
+/// \file
+/// RAII owners of raw CUDA memory: `device_buffer<T>` (cudaMalloc) and `pinned_buffer`
+/// (cudaHostAlloc, mapped and portable, so kernels read it through its device address).
+/// Both are move-only; neither initialises its bytes.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "error.cuh"
+
+namespace dhisparse::cuda {
+
+/// `n` elements of `T` in device memory.
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t n) : size_(n) {
+    if (n != 0) DHISPARSE_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+  }
+  device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { reset(); }
+
+  [[nodiscard]] T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return size_ * sizeof(T); }
+
+ private:
+  void reset() noexcept {
+    if (data_ != nullptr) cudaFree(data_);  // cannot throw from a destructor; errors surface on the next call
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// `bytes` of page-locked host memory, mapped into the device address space (zero-copy reads).
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes == 0) return;
+    DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+  }
+  pinned_buffer(pinned_buffer&& o) noexcept
+      : host_(std::exchange(o.host_, nullptr)), device_(std::exchange(o.device_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      host_ = std::exchange(o.host_, nullptr);
+      device_ = std::exchange(o.device_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() { reset(); }
+
+  /// Host address of the bytes.
+  [[nodiscard]] std::byte* data() const noexcept { return host_; }
+  /// Device address of the same bytes (equal to `data()` under unified addressing).
+  [[nodiscard]] std::byte* device_data() const noexcept { return device_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::span<std::byte> span() const noexcept { return {host_, bytes_}; }
+
+ private:
+  void reset() noexcept {
+    if (host_ != nullptr) cudaFreeHost(host_);
+    host_ = device_ = nullptr;
+    bytes_ = 0;
+  }
+  std::byte* host_ = nullptr;
+  std::byte* device_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+namespace detail {
+/// Carves aligned sub-ranges out of one allocation (two-phase sizing: run once with no base to
+/// learn the size, then again over the allocation).
+class carver {
+ public:
+  static constexpr std::size_t alignment = 256;
+  /// Offset of a new range of `n` objects of `T`.
+  template <class T>
+  std::size_t take(std::size_t n) {
+    offset_ = (offset_ + alignment - 1) / alignment * alignment;
+    const std::size_t at = offset_;
+    offset_ += n * sizeof(T);
+    return at;
+  }
+  [[nodiscard]] std::size_t bytes() const { return (offset_ + alignment - 1) / alignment * alignment; }
+
+ private:
+  std::size_t offset_ = 0;
+};
+}  // namespace detail
+
+}  // namespace dhisparse::cuda

@@ -1,0 +1,701 @@
+#pragma once
+/// \file
+/// The fused resolver kernel: one launch resolves a whole batch of selections on one source.
+///
+/// A persistent grid of fixed size (independent of the batch, so a captured graph can replay any
+/// batch size) works in two overlapping phases coordinated through device counters:
+///
+///  * metadata: CTAs take batch entries in order from `control->ticket`. For entry t a CTA
+///    reads, in two round trips, the entry's slot and selection, then everything that depends on
+///    the slot alone (frontier, liveness, the slot's hot rows and LRU order staged in shared
+///    memory, and per selected row its optional page, host page and hot way from the per-slot
+///    reverse map `way_of_row`). It validates (nothing is written for a bad entry), resolves
+///    tail, ready optional and hot rows directly from those values, marks hit ways, sorts the
+///    missing rows with a shared-memory bitonic network and drops repeats, partitions the LRU
+///    order with cub::BlockScan, writes hot_row/order/way_of_row/locations and the entry's miss
+///    plan (ascending rows = host address order within the request), then publishes
+///    `ready[t] = {epoch, copy units}` with release semantics. No hash table, no scan of the B
+///    hot ways for hit detection: the reverse map answers "which way holds row r" in one load.
+///  * copy: a CTA that finds no entry left waits (acquire loads with nanosleep backoff) until every
+///    entry is published, builds the exclusive prefix of the entries' copy units in shared memory
+///    and copies a static, strided share of the flattened request-major list of (miss, layer)
+///    units: warp w of G copy warps takes units w*R, (w+G)*R, ... (R rows per warp in flight,
+///    every 16-byte load issued before the stores). No atomics on the copy path: at any moment
+///    the grid works on one contiguous window of the list, so in-flight copies stay address
+///    ordered within a request, and a single request's misses spread over the whole GPU.
+///
+/// Deadlock freedom: a CTA only waits after it found the ticket counter exhausted, i.e. after
+/// every entry was taken by a CTA that is running (metadata never waits). The last CTA to finish
+/// resets the counters and advances the epoch.
+#include <cuda/atomic>
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "../../detail/validate.hpp"
+#include "../views.cuh"
+
+namespace dhisparse::cuda::detail {
+
+constexpr int ceil_div_int(std::size_t a, std::size_t b) { return static_cast<int>((a + b - 1) / b); }
+constexpr int log2_ceil(std::size_t n) {
+  int b = 0;
+  while ((std::size_t{1} << b) < n) ++b;
+  return b;
+}
+
+/// Compile-time shape of the resolver for one (block size, top_k, B).
+template <int Block, std::size_t TopK, std::size_t HotRows>
+struct resolve_traits {
+  static_assert(Block % 32 == 0 && Block >= 64, "dhisparse: resolver block must be whole warps");
+  static_assert(TopK <= (std::size_t{1} << 24), "dhisparse: top_k too large for the resolver");
+  static constexpr int block_threads = Block;
+  static constexpr int min_blocks_per_sm = Block >= 1024 ? 1 : 2;  ///< 64 registers per thread either way
+  static constexpr int warps = Block / 32;
+  static constexpr int top_k = static_cast<int>(TopK);
+  static constexpr int hot_rows = static_cast<int>(HotRows);
+  static constexpr int entries_per_thread = ceil_div_int(TopK, Block);   ///< selection entries per thread
+  static constexpr int ways_per_thread = ceil_div_int(HotRows, Block);   ///< hot ways per thread
+  static constexpr int sort_capacity = 1 << log2_ceil(TopK);  ///< bitonic network width for up to top_k misses
+  static constexpr unsigned max_rows_per_warp = 2;
+  static_assert(entries_per_thread <= 32,
+                "dhisparse::cuda: the fused resolver supports top_k <= 32 * block threads (16384 at 512 threads)");
+  static_assert(ways_per_thread <= 32,
+                "dhisparse::cuda: the fused resolver supports hot caches of B <= 32 * block threads rows per slot "
+                "(16384 at 512 threads)");
+
+  using order_t = std::conditional_t<(HotRows <= 65536), std::uint16_t, std::uint32_t>;  ///< as lru_hot_cache
+  using scan_t = cub::BlockScan<int, Block>;
+
+  struct shared_storage {
+    int sort_key[sort_capacity];   ///< missing rows of the selection (with repeats), sorted in place
+    int sort_page[sort_capacity];  ///< host-store page of each
+    int miss_key[TopK];            ///< distinct missing rows, ascending (address order)
+    int miss_page[TopK];           ///< host-store page of each
+    int victim[TopK];              ///< hot way taken by the r-th distinct missing row
+    typename scan_t::TempStorage scan;
+    row_index hot[HotRows];                          ///< the slot's hot_row, staged in the first round trip
+    order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
+    unsigned char is_hit[(HotRows + 15) / 16 * 16];  ///< per hot way: holds a selected row
+    const row_index* sel;
+    location* out;
+    long long frontier;
+    long long err_value;
+    int ticket, slot, length, err_code, len_code, bad_key, dup;
+    unsigned live;
+    unsigned count[4];  ///< selected, direct, hot, host
+    int raw_misses, misses;
+    unsigned batch_count, epoch;
+  };
+};
+
+// --------------------------------------------------------------------------------------------
+// small device helpers
+
+__device__ __forceinline__ unsigned warp_sum(unsigned v) { return __reduce_add_sync(0xffffffffu, v); }
+
+__device__ __forceinline__ plan_entry load_plan(const plan_entry* p) {
+  const int4 v = __ldcg(reinterpret_cast<const int4*>(p));  // written by another CTA in this launch: skip L1
+  plan_entry e;
+  *reinterpret_cast<int4*>(&e) = v;
+  return e;
+}
+
+/// Copies `cnt` (<= R) rows of `vecs` 16-byte vectors with one warp: every load of the batch is
+/// issued before its stores (up to 4 vectors per lane in flight).
+template <unsigned R>
+__device__ __forceinline__ void warp_copy_rows(const int4* const (&src)[R], int4* const (&dst)[R], unsigned cnt,
+                                               unsigned vecs, unsigned lane) {
+  constexpr unsigned per_lane = 4;
+  const unsigned total = cnt * vecs;
+  for (unsigned v0 = 0; v0 < total; v0 += 32 * per_lane) {
+    int4 buf[per_lane];
+#pragma unroll
+    for (unsigned j = 0; j < per_lane; ++j) {
+      const unsigned v = v0 + lane + 32 * j;
+      if (v < total) {
+        unsigned w = v;
+        const int4* s = src[0];
+#pragma unroll
+        for (unsigned k = 1; k < R; ++k)
+          if (w >= vecs) {
+            w -= vecs;
+            s = src[k];
+          }
+        buf[j] = __ldg(s + w);
+      }
+    }
+#pragma unroll
+    for (unsigned j = 0; j < per_lane; ++j) {
+      const unsigned v = v0 + lane + 32 * j;
+      if (v < total) {
+        unsigned w = v;
+        int4* d = dst[0];
+#pragma unroll
+        for (unsigned k = 1; k < R; ++k)
+          if (w >= vecs) {
+            w -= vecs;
+            d = dst[k];
+          }
+        d[w] = buf[j];
+      }
+    }
+  }
+}
+
+/// A published entry: the launch's epoch in the low word, its copy units in the high word, so a
+/// waiting CTA learns both from one load.
+__device__ __forceinline__ std::uint64_t ready_word(unsigned epoch, unsigned units) {
+  return static_cast<std::uint64_t>(epoch) | (static_cast<std::uint64_t>(units) << 32);
+}
+
+__device__ __forceinline__ void record_error(const workspace_view& ws, unsigned t, const entry_error& rec) {
+  ws.errors[t] = rec;
+  ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> sticky(ws.control->sticky_epoch);
+  std::uint32_t expected = 0;
+  if (sticky.compare_exchange_strong(expected, rec.epoch, ::cuda::memory_order_relaxed) || expected == rec.epoch)
+    ws.sticky[t] = rec;
+}
+
+// --------------------------------------------------------------------------------------------
+// metadata of one batch entry (whole CTA)
+
+template <class Traits, class OrderIndex>
+__device__ void resolve_metadata(typename Traits::shared_storage& sh, const source_view<OrderIndex>& src,
+                                 const workspace_view& ws, const batch_view& batch, unsigned t, unsigned C,
+                                 unsigned epoch, const resolve_params& p) {
+  constexpr int Block = Traits::block_threads;
+  constexpr int KPT = Traits::entries_per_thread;
+  constexpr int WPT = Traits::ways_per_thread;
+  constexpr int B = Traits::hot_rows;
+  constexpr int K = Traits::top_k;
+  const int tid = static_cast<int>(threadIdx.x);
+  const location_space space = src.space;
+
+  // Round trip 1: the entry's slot and length and, in the strided layout, the selection itself
+  // (read up to the stride, which is in bounds; entries past the length are ignored).
+  const bool gathered = batch.selection_ptrs != nullptr;
+  row_index e[KPT];
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) e[k] = no_row;
+  if (!gathered) {
+    const row_index* strided = batch.selections + static_cast<std::size_t>(t) * batch.stride;
+    const int readable = static_cast<int>(batch.stride) < K ? static_cast<int>(batch.stride) : K;
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) {
+      const int i = tid + k * Block;
+      if (i < readable) e[k] = strided[i];
+    }
+  }
+  if (tid == 0) {
+    const int slot = batch.slots[t];
+    const int len = batch.lengths != nullptr ? batch.lengths[t] : static_cast<int>(batch.stride);
+    sh.sel = gathered ? batch.selection_ptrs[t] : batch.selections + static_cast<std::size_t>(t) * batch.stride;
+    sh.out = gathered ? batch.location_ptrs[t] : batch.locations + static_cast<std::size_t>(t) * batch.stride;
+    int code = status_ok, len_code = status_ok;
+    long long value = 0;
+    if (slot < 0 || static_cast<std::size_t>(slot) >= space.slots) {
+      code = to_status(errc::unknown_request);
+      value = slot;
+    } else if (len < 0) {
+      len_code = to_status(errc::size_mismatch);
+      value = len;
+    } else if (len > K) {
+      len_code = to_status(errc::selection_too_long);
+      value = len;
+    } else if ((!gathered && static_cast<unsigned>(len) > batch.stride) ||
+               (len > 0 && (sh.sel == nullptr || sh.out == nullptr))) {
+      len_code = to_status(errc::size_mismatch);
+      value = len;
+    }
+    sh.slot = slot;
+    sh.length = code == status_ok && len_code == status_ok ? len : 0;
+    sh.err_code = code;
+    sh.len_code = len_code;
+    sh.err_value = value;
+    sh.bad_key = INT_MAX;
+    sh.dup = 0;
+    sh.live = 0;
+    sh.frontier = 0;
+    sh.count[0] = sh.count[1] = sh.count[2] = sh.count[3] = 0;
+  }
+  __syncthreads();
+
+  const bool in_range = sh.err_code == status_ok;  // the slot exists (liveness is read below)
+  const int slot = in_range ? sh.slot : 0;
+  const int len = sh.length;
+  const row_index* const sel = sh.sel;
+  location* const out = sh.out;
+  const std::size_t hot_base = static_cast<std::size_t>(slot) * B;
+  const std::size_t page_base = static_cast<std::size_t>(slot) * src.pages_per_request;
+
+  // Round trip 2: everything that needs only the slot, issued together: liveness and frontier,
+  // the duplicate check, the slot's hot rows and LRU order (staged in shared memory), the optional
+  // map and host page table of every selected row (and, gathered, the selection).
+  if (gathered) {
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) {
+      const int i = tid + k * Block;
+      if (i < len) e[k] = sel[i];
+    }
+  }
+  int g_opt[KPT], hp[KPT];
+  OrderIndex way[KPT];
+  if (in_range) {
+    if (tid == 0) {
+      sh.live = src.live[slot];
+      sh.frontier = src.frontier[slot];
+    }
+    for (unsigned j = static_cast<unsigned>(tid); j < C; j += Block)  // the same request twice: both fail
+      if (j != t && batch.slots[j] == sh.slot) sh.dup = 1;
+    for (int j = tid; j < B; j += Block) {
+      sh.hot[j] = src.hot_row[hot_base + j];
+      sh.ord[j] = static_cast<typename Traits::order_t>(src.order[hot_base + j]);
+      sh.is_hit[j] = 0;
+    }
+  }
+  const std::size_t rev_base = static_cast<std::size_t>(slot) * static_cast<std::size_t>(src.max_rows);
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) {
+    const int i = tid + k * Block;
+    g_opt[k] = -1;
+    hp[k] = -1;
+    way[k] = no_way<OrderIndex>;
+    if (in_range && i < len && e[k] >= 0 && e[k] < src.max_rows) {
+      const std::size_t pg = page_base + static_cast<std::size_t>(e[k]) / src.page_rows;
+      g_opt[k] = src.optional_page[pg];
+      hp[k] = src.host_page[pg];
+      way[k] = src.way_of_row[rev_base + static_cast<std::size_t>(e[k])];
+    }
+  }
+  __syncthreads();
+  const bool slot_ok = in_range && sh.live != 0;
+  const std::int64_t frontier = sh.frontier;
+
+  // Validate and classify the selection (strided: entry i = tid + k * Block) with no memory
+  // access: tail, ready optional page, hot way (reverse map), or missing.
+  location loc[KPT];
+  unsigned missing = 0, hit = 0;
+  const std::int64_t tail_begin = frontier - static_cast<std::int64_t>(src.tail_rows);
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) {
+    const int i = tid + k * Block;
+    const row_index x = e[k];
+    loc[k] = no_location;
+    if (slot_ok && i < len) {
+      const auto chk = dhisparse::detail::check_entry(x, frontier, src.max_rows);
+      if (chk != dhisparse::detail::entry_check::ok) {
+        atomicMin(&sh.bad_key, (i << 2) | (chk == dhisparse::detail::entry_check::out_of_range ? 1 : 2));
+      } else if (x != no_row) {
+        if (x >= tail_begin) loc[k] = space.tail(static_cast<std::size_t>(slot), x);
+        else if (g_opt[k] >= 0) loc[k] = space.optional(static_cast<std::size_t>(g_opt[k]), x);
+        else if (way[k] != no_way<OrderIndex>) {
+          loc[k] = space.hot(static_cast<std::size_t>(slot), way[k]);
+          hit |= 1u << k;
+        } else {
+          missing |= 1u << k;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Status, identical in every thread. Priority as the host: slot, duplicate, length, entries.
+  {
+    int code = sh.err_code;
+    if (code == status_ok && !slot_ok) {
+      code = to_status(errc::unknown_request);
+      if (tid == 0) sh.err_value = sh.slot;
+    }
+    const bool entry_fault = code == status_ok && !sh.dup && sh.len_code == status_ok && sh.bad_key != INT_MAX;
+    if (code == status_ok && sh.dup) code = to_status(errc::duplicate_in_batch);
+    if (code == status_ok) code = sh.len_code;
+    if (entry_fault)
+      code = to_status((sh.bad_key & 3) == 1 ? errc::position_out_of_range : errc::position_beyond_frontier);
+    if (code != status_ok) {
+      if (tid == 0) {
+        entry_error rec;
+        rec.code = code;
+        rec.epoch = epoch;
+        rec.slot = sh.slot;
+        rec.frontier = sh.frontier;
+        rec.value = sh.err_value;
+        if (code == to_status(errc::duplicate_in_batch)) rec.value = sh.slot;
+        if (entry_fault) {
+          rec.index = sh.bad_key >> 2;
+          rec.value = sel[rec.index];
+        }
+        record_error(ws, t, rec);
+        ws.stats[t] = entry_stats{};
+        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(ready_word(epoch, 0),
+                                                                                         ::cuda::memory_order_release);
+      }
+      return;  // uniform across the CTA
+    }
+  }
+
+  // Locations of direct entries, hits and padding; hits protect their ways.
+  unsigned n_sel = 0, n_dir = 0, n_hot = 0, n_host = 0, n_miss = 0;
+#pragma unroll
+  for (int k = 0; k < KPT; ++k) {
+    const int i = tid + k * Block;
+    if (i < len) {
+      if (e[k] != no_row) ++n_sel;
+      if ((hit >> k) & 1u) {
+        sh.is_hit[way[k]] = 1;
+        ++n_hot;
+      }
+      if (!((missing >> k) & 1u)) {
+        out[i] = loc[k];
+        if (e[k] != no_row && !((hit >> k) & 1u)) ++n_dir;
+      } else {
+        ++n_host;
+      }
+    }
+  }
+
+  // Missing entries (with repeats) into the sort buffer.
+  {
+    int pos = 0, raw = 0;
+    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(missing)), pos, raw);
+#pragma unroll
+    for (int k = 0; k < KPT; ++k)
+      if ((missing >> k) & 1u) {
+        sh.sort_key[pos] = e[k];
+        sh.sort_page[pos] = hp[k];
+        ++pos;
+      }
+    if (tid == 0) sh.raw_misses = raw;
+  }
+  __syncthreads();
+
+  const int raw = sh.raw_misses;
+  if (__syncthreads_or(hit != 0 || raw != 0)) {  // otherwise every entry was direct: no hot-cache work
+    // Distinct missing rows, ascending (address order): a bitonic sort over the next power of
+    // two (padding sorts last), then the first row of each run of equal rows.
+    if (raw > 1) {
+      int width = 2;
+      while (width < raw) width <<= 1;
+      for (int r = raw + tid; r < width; r += Block) sh.sort_key[r] = INT_MAX;
+      __syncthreads();
+      for (int size = 2; size <= width; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+          for (int i = tid; i < width / 2; i += Block) {
+            const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+            const int a = sh.sort_key[lo], b = sh.sort_key[hi];
+            if ((a > b) == ((lo & size) == 0)) {
+              sh.sort_key[lo] = b;
+              sh.sort_key[hi] = a;
+              const int pa = sh.sort_page[lo];
+              sh.sort_page[lo] = sh.sort_page[hi];
+              sh.sort_page[hi] = pa;
+            }
+          }
+          __syncthreads();
+        }
+    }
+    {
+      int distinct = 0;
+      for (int c0 = 0; c0 < raw; c0 += Block) {
+        const int r = c0 + tid;
+        const int head = r < raw && (r == 0 || sh.sort_key[r] != sh.sort_key[r - 1]) ? 1 : 0;
+        int at = 0, chunk = 0;
+        typename Traits::scan_t(sh.scan).ExclusiveSum(head, at, chunk);
+        if (head) {
+          sh.miss_key[distinct + at] = sh.sort_key[r];
+          sh.miss_page[distinct + at] = sh.sort_page[r];
+        }
+        distinct += chunk;
+        __syncthreads();
+      }
+      if (tid == 0) sh.misses = distinct;
+      __syncthreads();
+    }
+    const int M = sh.misses;
+
+    // LRU partition: [untouched] ++ [hits] ++ [victims], each in old order; the r-th distinct
+    // missing row takes the r-th non-hit way of the old order.
+    OrderIndex od[WPT];
+#pragma unroll
+    for (int k = 0; k < WPT; ++k) {
+      const int q = tid * WPT + k;
+      od[k] = q < B ? static_cast<OrderIndex>(sh.ord[q]) : OrderIndex(0);
+    }
+    unsigned nh = 0;  // bit k: order position tid * WPT + k holds no selected row
+#pragma unroll
+    for (int k = 0; k < WPT; ++k) {
+      const int q = tid * WPT + k;
+      if (q < B && !sh.is_hit[od[k]]) nh |= 1u << k;
+    }
+    int rank = 0, NH = 0;  // non-hit positions before this thread's first
+    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(nh)), rank, NH);
+    const int H = B - NH;
+    const int kept = NH - M;
+    plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
+#pragma unroll
+    for (int k = 0; k < WPT; ++k) {
+      const int q = tid * WPT + k;
+      if (q < B) {
+        const int w = static_cast<int>(od[k]);
+        int at;
+        if ((nh >> k) & 1u) {
+          const int r = rank++;
+          if (r < M) {
+            at = kept + H + r;
+            const int row = sh.miss_key[r];
+            const int old = sh.hot[w];
+            if (old >= 0) src.way_of_row[rev_base + static_cast<std::size_t>(old)] = no_way<OrderIndex>;
+            src.way_of_row[rev_base + static_cast<std::size_t>(row)] = static_cast<OrderIndex>(w);
+            src.hot_row[hot_base + w] = row;
+            sh.victim[r] = w;
+            plan_entry pe;
+            pe.host_offset = static_cast<std::uint64_t>(sh.miss_page[r]) * src.page_bytes +
+                             static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
+            pe.dst = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(w));
+            pe.row = row;
+            plan[r] = pe;
+          } else {
+            at = r - M;
+          }
+        } else {
+          at = kept + (q - rank);  // hits before q = q - (non-hits before q)
+        }
+        src.order[hot_base + at] = static_cast<OrderIndex>(w);
+      }
+    }
+    __syncthreads();
+
+    // Missing entries: find their row among the distinct misses (binary search) for its way.
+#pragma unroll
+    for (int k = 0; k < KPT; ++k) {
+      if ((missing >> k) & 1u) {
+        int lo = 0, hi = M;  // key[lo] <= e < key[hi]
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (sh.miss_key[mid] <= e[k]) lo = mid;
+          else hi = mid;
+        }
+        out[tid + k * Block] = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
+      }
+    }
+    n_miss = static_cast<unsigned>(M);
+  }
+
+  // Stats and publication.
+  n_sel = warp_sum(n_sel);
+  n_dir = warp_sum(n_dir);
+  n_hot = warp_sum(n_hot);
+  n_host = warp_sum(n_host);
+  if ((tid & 31) == 0) {
+    atomicAdd(&sh.count[0], n_sel);
+    atomicAdd(&sh.count[1], n_dir);
+    atomicAdd(&sh.count[2], n_hot);
+    atomicAdd(&sh.count[3], n_host);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    entry_stats st;
+    st.selected = sh.count[0];
+    st.direct = sh.count[1];
+    st.hot = sh.count[2];
+    st.host = sh.count[3];
+    st.rows_copied = n_miss;
+    st.layers_copied = p.layers_to_copy;
+    ws.stats[t] = st;
+    entry_error rec;
+    rec.epoch = epoch;
+    rec.slot = slot;
+    rec.frontier = frontier;
+    ws.errors[t] = rec;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0)
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+        ready_word(epoch, n_miss * p.layers_to_copy), ::cuda::memory_order_release);
+}
+
+// --------------------------------------------------------------------------------------------
+// copy phase (whole CTA)
+
+/// Index of the entry holding unit `u`: the last e with prefix[e] <= u, so entries without units
+/// (prefix[e] == prefix[e + 1]) are skipped.
+__device__ __forceinline__ unsigned entry_of_unit(const unsigned* prefix, unsigned C, unsigned u) {
+  unsigned lo = 0, hi = C;  // prefix[lo] <= u < prefix[hi]
+  while (hi - lo > 1) {
+    const unsigned mid = (lo + hi) / 2;
+    if (prefix[mid] <= u) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+template <class Traits, class OrderIndex>
+__device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* prefix, const source_view<OrderIndex>& src,
+                               const workspace_view& ws, unsigned C, unsigned epoch, const resolve_params& p) {
+  constexpr int Block = Traits::block_threads;
+  const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+
+  // Wait until every entry of this launch is published (every entry's metadata runs on a CTA that
+  // is already resident, so this terminates).
+  if (warp == 0) {
+    for (unsigned e = lane; e < C; e += 32) {
+      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> flag(ws.ready[e]);
+      unsigned ns = 32;
+      std::uint64_t w = flag.load(::cuda::memory_order_acquire);
+      while (static_cast<unsigned>(w) != epoch) {
+        __nanosleep(ns);
+        if (ns < 256) ns *= 2;
+        w = flag.load(::cuda::memory_order_acquire);
+      }
+      prefix[e] = static_cast<unsigned>(w >> 32);  // the entry's units, scanned in place below
+    }
+  }
+  __syncthreads();
+
+  // Exclusive prefix of the entries' copy units.
+  unsigned running = 0;
+  for (unsigned c0 = 0; c0 < C; c0 += Block) {
+    const unsigned e = c0 + tid;
+    const int v = e < C ? static_cast<int>(prefix[e]) : 0;
+    __syncthreads();  // every read of this chunk before it is overwritten
+    int x = 0, chunk = 0;
+    typename Traits::scan_t(sh.scan).ExclusiveSum(v, x, chunk);
+    if (e < C) prefix[e] = running + static_cast<unsigned>(x);
+    running += static_cast<unsigned>(chunk);
+    __syncthreads();
+  }
+  if (tid == 0) prefix[C] = running;
+  __syncthreads();
+  const unsigned total = running;
+  if (total == 0) return;
+
+  constexpr unsigned warps = Block / 32;
+  constexpr unsigned RM = Traits::max_rows_per_warp;
+  const unsigned copy_warps = p.copy_warps == 0 || p.copy_warps > warps ? warps : p.copy_warps;
+  if (warp >= copy_warps) return;
+  const unsigned R = p.rows_per_warp == 0 || p.rows_per_warp > RM ? RM : p.rows_per_warp;
+  const unsigned vecs = src.row_bytes / 16u;
+  const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
+  const unsigned layers = p.layers_to_copy;
+  const unsigned stride = gridDim.x * copy_warps * R;
+  for (unsigned u0 = (blockIdx.x * copy_warps + warp) * R; u0 < total; u0 += stride) {
+    const int4* s[RM];
+    int4* d[RM];
+    unsigned cnt = 0;
+#pragma unroll
+    for (unsigned k = 0; k < RM; ++k) {
+      const unsigned u = u0 + k;
+      s[k] = nullptr;
+      d[k] = nullptr;
+      if (k < R && u < total) {
+        const unsigned e = entry_of_unit(prefix, C, u);
+        const unsigned local = u - prefix[e];
+        const unsigned m = local / layers, l = local - m * layers;
+        const plan_entry pe = load_plan(ws.plan + static_cast<std::size_t>(e) * Traits::top_k + m);
+        s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + l * layer_host_stride);
+        d[k] = reinterpret_cast<int4*>(src.layer_pool[l] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
+        ++cnt;
+      }
+    }
+    warp_copy_rows<RM>(s, d, cnt, vecs, lane);
+  }
+}
+
+// --------------------------------------------------------------------------------------------
+
+/// Bytes of the metadata part of the resolver's shared memory (16-byte aligned).
+template <class Traits>
+constexpr std::size_t resolve_storage_bytes() {
+  return (sizeof(typename Traits::shared_storage) + 15) / 16 * 16;
+}
+
+template <class Traits, class OrderIndex>
+__global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_sm)
+    fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
+  extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
+  auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
+  if (threadIdx.x == 0) {
+    const unsigned requested = __ldcg(batch.count);
+    const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
+    sh.batch_count = requested < cap ? requested : cap;
+    sh.epoch = __ldcg(&ws.control->epoch) + 1u;
+    if (blockIdx.x == 0 && requested > cap) {
+      ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
+      std::uint32_t expected = 0;
+      ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
+    }
+  }
+  __syncthreads();
+  const unsigned C = sh.batch_count, epoch = sh.epoch;
+
+  for (;;) {
+    if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
+    __syncthreads();
+    const unsigned t = static_cast<unsigned>(sh.ticket);
+    if (t >= C) break;
+    resolve_metadata<Traits, OrderIndex>(sh, src, ws, batch, t, C, epoch, p);
+    __syncthreads();
+  }
+
+  // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
+  unsigned* prefix = reinterpret_cast<unsigned*>(dhisparse_resolve_smem + resolve_storage_bytes<Traits>());
+  resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
+
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
+    if (done.fetch_add(1u, ::cuda::memory_order_acq_rel) == gridDim.x - 1u) {
+      control_block* c = ws.control;
+      c->ticket = 0;
+      c->done = 0;
+      c->last_count = C;
+      c->last_layers = p.layers_to_copy;
+      c->epoch = epoch;
+    }
+  }
+}
+
+/// Dynamic shared memory of the resolver for a workspace of `capacity` batch entries: the
+/// metadata storage plus the prefix of copy units.
+template <class Traits>
+constexpr std::size_t resolve_shared_bytes(std::size_t capacity) {
+  return resolve_storage_bytes<Traits>() + (capacity + 1) * sizeof(unsigned);
+}
+
+/// One-time setup: opt in to the shared memory and compute the persistent grid
+/// (SMs x resident CTAs per SM). Returns cudaErrorInvalidConfiguration when no CTA fits.
+template <class Traits, class OrderIndex>
+cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity) {
+  grid = 0;
+  int device = 0, sms = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  const std::size_t smem = resolve_shared_bytes<Traits>(capacity);
+  if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
+  auto kernel = fused_resolve_kernel<Traits, OrderIndex>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::block_threads, smem);
+  if (err != cudaSuccess) return err;
+  if (per_sm <= 0) return cudaErrorInvalidConfiguration;
+  grid = per_sm * sms;
+  return cudaSuccess;
+}
+
+/// Launches one fused resolve over `batch` on `stream` (no allocation, no host synchronisation:
+/// safe inside CUDA graph capture).
+template <class Traits, class OrderIndex>
+cudaError_t launch_fused_resolve(const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
+                                 const resolve_params& p, int grid, cudaStream_t stream) {
+  fused_resolve_kernel<Traits, OrderIndex>
+      <<<grid, Traits::block_threads, resolve_shared_bytes<Traits>(ws.capacity), stream>>>(src, ws, batch, p);
+  return cudaGetLastError();
+}
+
+}  // namespace dhisparse::cuda::detail

@@ -1,0 +1,818 @@
+#pragma once
+/// \file
+/// `dhisparse::cuda::hierarchy`: the CUDA backend. Same semantics as `host_hierarchy` (the
+/// executable specification): the same locations, cache state, copy plans and errors on the same
+/// inputs, with the GPU payload pools in device memory, the complete histories in mapped pinned
+/// host memory, and one fused kernel launch per resolve (see detail/resolve_kernel.cuh).
+///
+/// Ordering: every call that takes a stream is asynchronous and stream ordered; calls without one
+/// use the stream given at construction. Work on one hierarchy must be ordered by the caller
+/// (one stream, or events): the host keeps bookkeeping (registry, page tables, free lists) in
+/// call order and the device state follows in stream order.
+///
+/// Errors: host-detectable errors (unknown request id, duplicate in batch, selection longer than
+/// top_k, pending follower copies, capacity) throw at the call with nothing changed or queued.
+/// Errors only visible on the device (selection entries out of range or beyond the frontier;
+/// and, for raw `batch_view` launches, bad slots, lengths and duplicates) leave that batch entry
+/// untouched (no location or state written), let the other entries resolve, and are thrown by
+/// `check_errors(stream)` as the typed error of the first bad entry of the first failing launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../detail/request_registry.hpp"
+#include "../detail/validate.hpp"
+#include "../errors.hpp"
+#include "../hierarchy_types.hpp"
+#include "../host/host_store.hpp"
+#include "../layout.hpp"
+#include "../layouts/tiny.hpp"
+#include "../location_space.hpp"
+#include "../policies/hot_cache.hpp"
+#include "../policies/residency.hpp"
+#include "../resolver.hpp"
+#include "../types.hpp"
+#include "batch.cuh"
+#include "buffers.cuh"
+#include "detail/copy_kernel.cuh"
+#include "detail/resolve_kernel.cuh"
+#include "detail/staging_ring.cuh"
+#include "error.cuh"
+#include "views.cuh"
+
+/// Threads per CTA of the fused resolver (512 or 1024; one 1024-thread CTA per SM halves the
+/// per-launch coordination and gives each batch entry's metadata twice the threads).
+#ifndef DHISPARSE_CUDA_RESOLVE_BLOCK
+#define DHISPARSE_CUDA_RESOLVE_BLOCK 1024
+#endif
+
+namespace dhisparse::cuda {
+
+/// One request's part of a batched device resolve (eager path). Pointers are device-accessible.
+struct batch_item {
+  request_id request = 0;
+  const row_index* selection = nullptr;  ///< `length` entries, -1 padded
+  std::int32_t length = 0;               ///< at most top_k
+  location* locations = nullptr;         ///< `length` entries, written in selection order
+};
+
+/// Bytes a hierarchy needs (two-phase sizing: ask, then construct).
+struct memory_requirements {
+  std::size_t device_bytes = 0;  ///< device memory: pools, cache state, page tables, workspace
+  std::size_t pinned_bytes = 0;  ///< page-locked host memory: host stores and staging
+};
+
+template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy>
+class hierarchy {
+  static_assert(check_layout<Layout>());
+  static_assert(Layout::top_k <= Hot::rows,
+                "dhisparse: HotCache<B> must hold at least top_k rows (B >= top_k) so one selection always fits");
+  static_assert(Hot::rows < static_cast<std::size_t>(static_cast<typename Hot::order_index>(~typename Hot::order_index(0))),
+                "dhisparse::cuda: the reverse map (row -> hot way) reserves the largest order_index value for "
+                "\"not cached\"; use B < 65535");
+
+ public:
+  using layout = Layout;
+  using batch_item = cuda::batch_item;
+  using hot_cache = Hot;
+  using residency = Residency;
+  using order_index = typename Hot::order_index;
+  static constexpr std::size_t sources = source_count<Layout>;
+  static constexpr std::size_t hot_rows = Hot::rows;
+  static constexpr std::size_t top_k = Layout::top_k;
+  static constexpr std::size_t page_rows = Layout::page_rows;
+  /// Threads per CTA of the fused resolver.
+  static constexpr int block_threads = DHISPARSE_CUDA_RESOLVE_BLOCK;
+  using resolve_traits = detail::resolve_traits<block_threads, top_k, hot_rows>;
+  using view_type = source_view<order_index>;
+
+  /// Device and pinned bytes the hierarchy allocates for `cfg`.
+  static memory_requirements requirements(const hierarchy_config& cfg) {
+    const hierarchy_config c = normalised(cfg);
+    memory_requirements r;
+    for (std::size_t s = 0; s < sources; ++s) {
+      r.device_bytes += source_offsets(c, s).total;
+      r.pinned_bytes += host_store::bytes_required(page_rows, Layout::sources[s].payload_layers,
+                                                   Layout::sources[s].row_bytes, c.host_pages);
+    }
+    r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
+    r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
+    return r;
+  }
+
+  /// Allocates and initialises everything (synchronises `stream` before returning).
+  explicit hierarchy(const hierarchy_config& cfg, cudaStream_t stream = nullptr)
+      : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
+    space_ = location_space{cfg_.max_requests, hot_rows, cfg_.tail_rows, cfg_.optional_pages, page_rows};
+    if (!space_.addressable())
+      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
+    pages_per_request_ = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
+
+    int device = 0, can_map = 0, unified = 0;
+    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device));
+    if (!can_map || !unified)
+      throw invalid_configuration("the CUDA backend needs a device that maps pinned host memory with unified addressing");
+    const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests);
+    if (prep == cudaErrorInvalidConfiguration)
+      throw invalid_configuration("the fused resolver needs " +
+                                  std::to_string(detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests)) +
+                                  " bytes of shared memory per CTA, more than this device offers");
+    DHISPARSE_CUDA_TRY(prep);
+
+    live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(live_buffer_.data(), 0, live_buffer_.bytes(), stream_));
+    ring_ = detail::staging_ring(eager_bytes(cfg_.max_requests), staging_depth);
+    stamp_.assign(cfg_.max_requests, 0);
+
+    for (std::size_t s = 0; s < sources; ++s) build_source(s);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+
+  hierarchy(const hierarchy&) = delete;
+  hierarchy& operator=(const hierarchy&) = delete;
+  /// Waits for the device before releasing memory that queued work may still use.
+  ~hierarchy() { cudaDeviceSynchronize(); }
+
+  [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
+  [[nodiscard]] const location_space& space() const { return space_; }
+  [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
+  [[nodiscard]] std::size_t slot_of(request_id id) const { return registry_.slot(id); }
+  [[nodiscard]] std::size_t admitted_count() const { return registry_.size(); }
+  /// The stream used by calls that take none.
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  /// CTAs of the persistent resolver grid (SMs x resident CTAs per SM), fixed at construction.
+  [[nodiscard]] int resolver_grid() const { return grid_; }
+  /// Dynamic shared memory of one resolver CTA.
+  [[nodiscard]] std::size_t resolver_shared_bytes() const {
+    return detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests);
+  }
+  /// Prefetch miss rows into L2 while the metadata CTA ranks them (a tuning switch; off by default).
+  void set_prefetch_misses(bool on) { prefetch_ = on; }
+  /// Shape of the copy phase (a tuning switch): warps per CTA that copy (0: all) and rows each
+  /// copying warp keeps in flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
+  void set_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
+    copy_warps_ = copy_warps;
+    rows_per_warp_ = rows_per_warp;
+  }
+
+  // ------------------------------------------------------------------ admission
+
+  /// Admits a request with an empty history; waits (not admitted) when no slot is free.
+  admission admit(request_id id) { return admit(id, stream_); }
+  admission admit(request_id id, cudaStream_t stream) {
+    auto slot = registry_.admit(id);
+    if (!slot) return {};
+    id_of_slot_[*slot] = id;
+    DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + *slot, 1u, stream));
+    return {true, *slot};
+  }
+
+  /// Completes a request: its host pages, optional pages and slot are released and its device
+  /// state is reset in stream order.
+  void complete(request_id id) { complete(id, stream_); }
+  void complete(request_id id, cudaStream_t stream) {
+    const std::size_t slot = registry_.slot(id);
+    DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      auto& st = src.slot[slot];
+      for (page_id g : st.host_pages)
+        if (g != no_page) src.store.release(g);
+      for (std::int32_t g : st.optional_page)
+        if (g >= 0) src.free_optional.push_back(g);
+      std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+      reset_mirror(st);
+      DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
+    }
+    registry_.release(id);
+    id_of_slot_[slot].reset();
+  }
+
+  // ------------------------------------------------------------------ history
+
+  /// Rows stored for a request/source (host bookkeeping; the device copy follows in stream order).
+  [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].slot[registry_.slot(id)].frontier;
+  }
+
+  /// Appends `count` rows from device-accessible memory (device memory, or pinned host memory)
+  /// laid out [payload layer][count][row_bytes]. A kernel writes them into the mapped host store
+  /// and the newest T into the tail, then publishes the frontier. Not capturable (host pages are
+  /// allocated here).
+  void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    check_append(id, source, slot, count);
+    if (count == 0) return;
+    cudaPointerAttributes attr{};
+    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
+      throw invalid_configuration("append: rows must be device-accessible (device or pinned memory); use the "
+                                  "std::span overload for pageable host memory");
+    append_checked(source, slot, rows, count, stream);
+  }
+
+  /// Appends `count` rows from any host memory, laid out as above (the host API's signature):
+  /// stages them through a stream-ordered device allocation.
+  void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
+              cudaStream_t stream) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    const auto& d = Layout::sources[source];
+    if (rows.size() != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("append to source " + std::to_string(source) + " got " + std::to_string(rows.size()) +
+                          " bytes for " + std::to_string(count) + " rows, expected " +
+                          std::to_string(count * d.payload_layers * d.row_bytes));
+    check_append(id, source, slot, count);
+    if (count == 0) return;
+    void* tmp = nullptr;
+    DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream));
+    append_checked(source, slot, static_cast<const std::byte*>(tmp), count, stream);
+    DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+  }
+  void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    append(id, source, rows, count, stream_);
+  }
+
+  // ------------------------------------------------------------------ resolve
+
+  /// Eager resolve of a batch on one source (the FusedResolver call): validates on the host,
+  /// uploads the batch descriptor from pinned staging and launches one fused kernel on `stream`.
+  /// Asynchronous; `check_errors`, `last_stats` and `resolve_sync` report. Not capturable: use the
+  /// `batch_view` overload inside a CUDA graph.
+  void resolve(std::size_t source, std::span<const batch_item> batch) { resolve(source, batch, stream_); }
+  void resolve(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
+               copy_layers mode = copy_layers::all) {
+    check_source(source);
+    check_not_capturing(stream);
+    auto& src = src_[source];
+    check_pending(source);
+    if (++stamp_epoch_ == 0) {
+      std::fill(stamp_.begin(), stamp_.end(), 0u);
+      stamp_epoch_ = 1;
+    }
+    for (const auto& item : batch) {
+      const std::size_t slot = registry_.slot(item.request);
+      if (stamp_[slot] == stamp_epoch_)
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one resolve batch");
+      stamp_[slot] = stamp_epoch_;
+      if (item.length < 0 || (item.length > 0 && (item.selection == nullptr || item.locations == nullptr)))
+        throw size_mismatch("request " + std::to_string(item.request) + ": selection of length " +
+                            std::to_string(item.length) + " needs device selection and location pointers");
+      if (static_cast<std::size_t>(item.length) > top_k)
+        throw selection_too_long("selection of request " + std::to_string(item.request) + " on source " +
+                                 std::to_string(source) + " has " + std::to_string(item.length) +
+                                 " entries, top_k is " + std::to_string(top_k));
+    }
+    const auto n = static_cast<std::uint32_t>(batch.size());  // <= max_requests: slots are distinct
+    const eager_layout lay = eager_offsets(n);
+    unsigned ring_slot = 0;
+    std::byte* staged = ring_.acquire(ring_slot);
+    std::memcpy(staged + lay.count, &n, sizeof(n));
+    for (std::uint32_t e = 0; e < n; ++e) {
+      const auto slot = static_cast<std::int32_t>(registry_.slot(batch[e].request));
+      std::memcpy(staged + lay.slots + e * sizeof(std::int32_t), &slot, sizeof(slot));
+      std::memcpy(staged + lay.lengths + e * sizeof(std::int32_t), &batch[e].length, sizeof(std::int32_t));
+      std::memcpy(staged + lay.sel + e * sizeof(void*), &batch[e].selection, sizeof(void*));
+      std::memcpy(staged + lay.loc + e * sizeof(void*), &batch[e].locations, sizeof(void*));
+    }
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.eager, staged, lay.total, cudaMemcpyHostToDevice, stream));
+    ring_.release(ring_slot, stream);
+    batch_view v;
+    v.count = reinterpret_cast<const std::uint32_t*>(src.eager + lay.count);
+    v.slots = reinterpret_cast<const std::int32_t*>(src.eager + lay.slots);
+    v.lengths = reinterpret_cast<const std::int32_t*>(src.eager + lay.lengths);
+    v.selection_ptrs = reinterpret_cast<const row_index* const*>(src.eager + lay.sel);
+    v.location_ptrs = reinterpret_cast<location* const*>(src.eager + lay.loc);
+    v.capacity = n;
+    launch(source, v, stream, mode);
+  }
+
+  /// Raw resolve over a device batch descriptor: no host synchronisation, no allocation, a fixed
+  /// launch shape, so it can be captured in a CUDA graph and replayed with other batch contents
+  /// and counts. Slots, lengths and duplicates are validated on the device.
+  void resolve(std::size_t source, const batch_view& batch, cudaStream_t stream, copy_layers mode = copy_layers::all) {
+    check_source(source);
+    check_pending(source);
+    if (batch.count == nullptr || batch.slots == nullptr)
+      throw size_mismatch("batch_view needs device count and slots");
+    const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
+    const bool strided = batch.selections != nullptr && batch.locations != nullptr && batch.stride > 0;
+    if (!gathered && !strided)
+      throw size_mismatch("batch_view needs selections/locations with stride >= 1, or selection_ptrs/location_ptrs");
+    if (batch.capacity > cfg_.max_requests)
+      throw size_mismatch("batch_view capacity " + std::to_string(batch.capacity) + " exceeds max_requests " +
+                          std::to_string(cfg_.max_requests));
+    launch(source, batch, stream, mode);
+  }
+
+  /// Eager resolve, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  resolve_stats resolve_sync(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
+                             copy_layers mode = copy_layers::all) {
+    resolve(source, batch, stream, mode);
+    check_errors(stream);
+    resolve_stats total;
+    for (const auto& s : last_stats(source)) total += s;
+    return total;
+  }
+
+  /// Replays the last resolve's host copies of `source` into follower payload `layer` (layer-wise
+  /// prefetch, after a `copy_layers::producer_only` resolve). Capturable.
+  void copy_follower(std::size_t source, std::size_t layer, cudaStream_t stream) {
+    check_source(source);
+    auto& src = src_[source];
+    if (layer == 0 || layer >= src.layer_pending.size())
+      throw invalid_source("payload layer " + std::to_string(layer) + " is not a follower of source " +
+                           std::to_string(source));
+    if (!src.layer_pending[layer]) return;  // nothing planned, or already copied
+    DHISPARSE_CUDA_TRY(detail::launch_follower_copy(src.view, src.ws, static_cast<unsigned>(layer),
+                                                    static_cast<unsigned>(top_k), sm_count_ * 2, stream));
+    src.layer_pending[layer] = false;
+  }
+  void copy_follower(std::size_t source, std::size_t layer) { copy_follower(source, layer, stream_); }
+
+  /// Synchronises `stream` and throws the typed error of the first bad batch entry of the first
+  /// failing launch (any source) since the last check, naming request, batch entry and
+  /// selection entry; the error record is cleared. Also throws device_error for CUDA errors.
+  void check_errors(cudaStream_t stream) {
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    DHISPARSE_CUDA_TRY(cudaGetLastError());
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      control_block cb;
+      DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src.ws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+      if (cb.overflow != 0) {
+        DHISPARSE_CUDA_TRY(cudaMemset(&src.ws.control->overflow, 0, sizeof(std::uint32_t)));
+        DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // cleared before any later launch, whatever its stream
+        throw size_mismatch("resolve on source " + std::to_string(s) + " was given a batch count of " +
+                            std::to_string(cb.overflow) + ", above the batch_view capacity; extra entries were ignored");
+      }
+      if (cb.sticky_epoch == 0) continue;
+      std::vector<entry_error> recs(cfg_.max_requests);
+      DHISPARSE_CUDA_TRY(
+          cudaMemcpy(recs.data(), src.ws.sticky, recs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemset(&src.ws.control->sticky_epoch, 0, sizeof(std::uint32_t)));
+      DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+      for (std::size_t t = 0; t < recs.size(); ++t)
+        if (recs[t].epoch == cb.sticky_epoch && recs[t].code != status_ok)
+          throw_error(to_errc(recs[t].code), describe(s, t, recs[t]));
+    }
+  }
+  void check_errors() { check_errors(stream_); }
+
+  /// Per-entry stats of the last resolve launch of a source (synchronises the device).
+  [[nodiscard]] std::vector<resolve_stats> last_stats(std::size_t source) const {
+    check_source(source);
+    const auto& src = src_[source];
+    const control_block cb = read_control(source);
+    std::vector<entry_stats> raw(cb.last_count);
+    if (!raw.empty())
+      DHISPARSE_CUDA_TRY(cudaMemcpy(raw.data(), src.ws.stats, raw.size() * sizeof(entry_stats), cudaMemcpyDeviceToHost));
+    std::vector<resolve_stats> out;
+    out.reserve(raw.size());
+    for (const auto& r : raw)
+      out.push_back({r.selected, r.direct, r.hot, r.host, r.rows_copied,
+                     static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes});
+    return out;
+  }
+  /// Per-entry status of the last resolve launch of a source (synchronises the device).
+  [[nodiscard]] std::vector<entry_error> last_errors(std::size_t source) const {
+    check_source(source);
+    const control_block cb = read_control(source);
+    std::vector<entry_error> out(cb.last_count);
+    if (!out.empty())
+      DHISPARSE_CUDA_TRY(
+          cudaMemcpy(out.data(), src_[source].ws.errors, out.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  /// Host copies made by the last resolve of a source, in batch order then ascending row (the
+  /// host backend's `last_plan`; synchronises the device).
+  [[nodiscard]] std::vector<planned_copy> last_plan(std::size_t source) const {
+    check_source(source);
+    const auto& src = src_[source];
+    const control_block cb = read_control(source);
+    std::vector<entry_stats> stats(cb.last_count);
+    std::vector<entry_error> errs(cb.last_count);
+    std::vector<plan_entry> plan(static_cast<std::size_t>(cb.last_count) * top_k);
+    if (cb.last_count != 0) {
+      DHISPARSE_CUDA_TRY(cudaMemcpy(stats.data(), src.ws.stats, stats.size() * sizeof(entry_stats), cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemcpy(errs.data(), src.ws.errors, errs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemcpy(plan.data(), src.ws.plan, plan.size() * sizeof(plan_entry), cudaMemcpyDeviceToHost));
+    }
+    std::vector<planned_copy> out;
+    for (std::size_t t = 0; t < stats.size(); ++t)
+      for (std::size_t m = 0; m < stats[t].rows_copied; ++m) {
+        const plan_entry& p = plan[t * top_k + m];
+        out.push_back({static_cast<std::size_t>(errs[t].slot), p.row, p.dst});
+      }
+    return out;
+  }
+
+  // ------------------------------------------------------------------ optional history
+
+  /// Makes page `page` of a request's history ready in the optional-history map: takes a free
+  /// optional pool page, copies the page's rows (every layer) from the host store on `stream`,
+  /// then publishes the map entry behind the copy. Returns false (a wait) when no page is free.
+  bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& src = src_[source];
+    auto& st = src.slot[slot];
+    if (static_cast<std::int64_t>((page + 1) * page_rows) > st.frontier)
+      throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                     " is not complete (" + std::to_string(st.frontier) + " rows)");
+    if (st.optional_page[page] >= 0) return true;
+    if (src.free_optional.empty()) return false;
+    const std::int32_t g = src.free_optional.back();
+    DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, st.host_pages[page], static_cast<unsigned>(page), g, stream));
+    DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
+        src.view.optional_page + slot * pages_per_request_ + page, g, stream));
+    src.free_optional.pop_back();
+    st.optional_page[page] = g;
+    return true;
+  }
+  bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
+    return map_optional_page(id, source, page, stream_);
+  }
+
+  /// Retires an optional page (its rows keep their host copy); the pool page becomes free.
+  void unmap_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& src = src_[source];
+    auto& st = src.slot[slot];
+    if (page >= st.optional_page.size())
+      throw position_out_of_range("optional page " + std::to_string(page) + " out of range");
+    if (st.optional_page[page] < 0) return;
+    DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
+        src.view.optional_page + slot * pages_per_request_ + page, std::int32_t{-1}, stream));
+    src.free_optional.push_back(st.optional_page[page]);
+    std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+    st.optional_page[page] = -1;
+  }
+  void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
+    unmap_optional_page(id, source, page, stream_);
+  }
+
+  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const { return src_.at(source).free_optional.size(); }
+  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const { return src_.at(source).store.free_pages(); }
+
+  // ------------------------------------------------------------------ views and inspection
+
+  /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes`.
+  [[nodiscard]] std::byte* pool(std::size_t source, std::size_t layer) const {
+    check_layer(source, layer);
+    return src_[source].layer_ptrs[layer];
+  }
+  /// The device view of a source (for custom kernels).
+  [[nodiscard]] const view_type& view(std::size_t source) const {
+    check_source(source);
+    return src_[source].view;
+  }
+  /// The device workspace of a source's resolver.
+  [[nodiscard]] const workspace_view& workspace(std::size_t source) const {
+    check_source(source);
+    return src_[source].ws;
+  }
+
+  /// Bytes at `loc` of a payload layer (synchronises the device; for tests and debugging).
+  [[nodiscard]] std::vector<std::byte> payload_row(std::size_t source, std::size_t layer, location loc) const {
+    check_layer(source, layer);
+    const std::size_t rb = Layout::sources[source].row_bytes;
+    if (loc < 0 || static_cast<std::size_t>(loc) >= space_.rows())
+      throw position_out_of_range("location " + std::to_string(loc) + " outside the pool");
+    std::vector<std::byte> out(rb);
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), pool(source, layer) + static_cast<std::size_t>(loc) * rb, rb,
+                                  cudaMemcpyDeviceToHost));
+    return out;
+  }
+  /// Copies a whole payload layer's pool (space().rows() * row_bytes bytes; synchronises).
+  void copy_pool(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
+    check_layer(source, layer);
+    const std::size_t bytes = space_.rows() * Layout::sources[source].row_bytes;
+    if (out.size() != bytes) throw size_mismatch("copy_pool needs " + std::to_string(bytes) + " bytes");
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), pool(source, layer), bytes, cudaMemcpyDeviceToHost));
+  }
+  /// The host copy of a row in the pinned store (valid once the appending stream has synchronised).
+  [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
+                                                    row_index row) const {
+    check_layer(source, layer);
+    const auto& src = src_[source];
+    const auto& st = src.slot[registry_.slot(id)];
+    if (row < 0 || row >= st.frontier) throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
+    return src.store.row(st.host_pages[page_of(row)], layer, row);
+  }
+  /// Hot-cache contents of a request/source read back from the device (-1: empty way).
+  [[nodiscard]] std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const {
+    return read_slot_array(src_.at(source).view.hot_row, registry_.slot(id), hot_rows);
+  }
+  /// LRU order of a request/source read back from the device, least recently used first.
+  [[nodiscard]] std::vector<order_index> lru_order_of(request_id id, std::size_t source) const {
+    return read_slot_array(src_.at(source).view.order, registry_.slot(id), hot_rows);
+  }
+  /// Optional-history map of a request/source read back from the device (-1: not ready).
+  [[nodiscard]] std::vector<std::int32_t> optional_map_of(request_id id, std::size_t source) const {
+    return read_slot_array(src_.at(source).view.optional_page, registry_.slot(id), pages_per_request_);
+  }
+  /// Frontier of a request/source read back from the device.
+  [[nodiscard]] std::int64_t device_frontier(request_id id, std::size_t source) const {
+    return read_slot_array(src_.at(source).view.frontier, registry_.slot(id), 1).front();
+  }
+
+ private:
+  static constexpr unsigned staging_depth = 16;
+  static constexpr std::size_t max_request_slots = 8192;
+
+  struct slot_mirror {
+    std::int64_t frontier = 0;
+    std::vector<page_id> host_pages;          // history page -> host-store page
+    std::vector<std::int32_t> optional_page;  // history page -> optional pool page, -1 if not ready
+  };
+  struct source_state {
+    device_buffer<std::byte> device;
+    pinned_buffer pinned;
+    host_store store;
+    view_type view{};
+    workspace_view ws{};
+    std::byte* eager = nullptr;            // device batch descriptor of eager resolves
+    std::vector<std::byte*> layer_ptrs;    // host copy of the per-layer pool bases
+    std::vector<bool> layer_pending;
+    std::vector<std::int32_t> free_optional;  // descending: back() is the lowest free page
+    std::vector<slot_mirror> slot;
+  };
+  struct offsets {
+    std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
+                host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
+                total = 0;
+  };
+  struct eager_layout {
+    std::size_t count = 0, slots = 0, lengths = 0, sel = 0, loc = 0, total = 0;
+  };
+
+  static hierarchy_config normalised(hierarchy_config c) {
+    if (c.max_requests == 0) throw invalid_configuration("max_requests must be at least 1");
+    if (c.max_rows == 0) throw invalid_configuration("max_rows must be at least 1");
+    if (c.max_rows > static_cast<std::size_t>(INT32_MAX)) throw invalid_configuration("max_rows exceeds int32 rows");
+    if (c.max_requests > max_request_slots)
+      throw invalid_configuration("the CUDA backend supports at most " + std::to_string(max_request_slots) +
+                                  " request slots (the follower copy scans the batch in shared memory)");
+    if (c.tail_rows == 0) c.tail_rows = page_rows;
+    const std::size_t pages_per_request = (c.max_rows + page_rows - 1) / page_rows;
+    if (c.host_pages == 0) c.host_pages = c.max_requests * pages_per_request;
+    return c;
+  }
+  static offsets source_offsets(const hierarchy_config& c, std::size_t s) {
+    const auto& d = Layout::sources[s];
+    const location_space sp{c.max_requests, hot_rows, c.tail_rows, c.optional_pages, page_rows};
+    const std::size_t ppr = (c.max_rows + page_rows - 1) / page_rows;
+    const std::size_t cap = c.max_requests;
+    detail::carver k;
+    offsets o;
+    o.layer_stride = (sp.rows() * d.row_bytes + detail::carver::alignment - 1) / detail::carver::alignment *
+                     detail::carver::alignment;
+    o.pool = k.take<std::byte>(o.layer_stride * d.payload_layers);
+    o.layer_ptrs = k.take<std::byte*>(d.payload_layers);
+    o.hot_row = k.take<row_index>(cap * hot_rows);
+    o.order = k.take<order_index>(cap * hot_rows);
+    o.frontier = k.take<std::int64_t>(cap);
+    o.optional_page = k.take<std::int32_t>(cap * ppr);
+    o.host_page = k.take<std::int32_t>(cap * ppr);
+    o.way_of_row = k.take<order_index>(cap * c.max_rows);
+    o.control = k.take<control_block>(1);
+    o.ready = k.take<std::uint64_t>(cap);
+    o.plan = k.take<plan_entry>(cap * top_k);
+    o.errors = k.take<entry_error>(cap);
+    o.sticky = k.take<entry_error>(cap);
+    o.stats = k.take<entry_stats>(cap);
+    o.eager = k.take<std::byte>(eager_bytes(cap));
+    o.total = k.bytes();
+    return o;
+  }
+  static eager_layout eager_offsets(std::size_t n) {
+    const auto up16 = [](std::size_t x) { return (x + 15) / 16 * 16; };
+    eager_layout l;
+    l.count = 0;
+    l.slots = 16;
+    l.lengths = l.slots + up16(n * sizeof(std::int32_t));
+    l.sel = l.lengths + up16(n * sizeof(std::int32_t));
+    l.loc = l.sel + n * sizeof(void*);
+    l.total = l.loc + n * sizeof(void*);
+    return l;
+  }
+  static std::size_t eager_bytes(std::size_t cap) { return eager_offsets(cap).total; }
+
+  void build_source(std::size_t s) {
+    const auto& d = Layout::sources[s];
+    auto& src = src_[s];
+    const offsets o = source_offsets(cfg_, s);
+    src.device = device_buffer<std::byte>(o.total);
+    std::byte* base = src.device.data();
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(base, 0, o.total, stream_));  // pools, counters, epochs; slots reset below
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(base + o.way_of_row, 0xFF,  // every row: in no hot way
+                                       sizeof(order_index) * cfg_.max_requests * cfg_.max_rows, stream_));
+
+    src.pinned = pinned_buffer(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
+    src.store = host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, src.pinned.span());
+
+    src.layer_ptrs.resize(d.payload_layers);
+    for (std::size_t l = 0; l < d.payload_layers; ++l) src.layer_ptrs[l] = base + o.pool + l * o.layer_stride;
+    // Same stream as the memset above (pageable source: staged before the call returns).
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(base + o.layer_ptrs, src.layer_ptrs.data(), d.payload_layers * sizeof(std::byte*),
+                                       cudaMemcpyHostToDevice, stream_));
+
+    view_type& v = src.view;
+    v.space = space_;
+    v.hot_row = reinterpret_cast<row_index*>(base + o.hot_row);
+    v.order = reinterpret_cast<order_index*>(base + o.order);
+    v.frontier = reinterpret_cast<std::int64_t*>(base + o.frontier);
+    v.optional_page = reinterpret_cast<std::int32_t*>(base + o.optional_page);
+    v.host_page = reinterpret_cast<std::int32_t*>(base + o.host_page);
+    v.way_of_row = reinterpret_cast<order_index*>(base + o.way_of_row);
+    v.live = live_buffer_.data();
+    v.host_store = src.pinned.device_data();
+    v.layer_pool = reinterpret_cast<std::byte* const*>(base + o.layer_ptrs);
+    v.page_bytes = src.store.page_bytes();
+    v.max_rows = static_cast<std::int64_t>(cfg_.max_rows);
+    v.row_bytes = static_cast<std::uint32_t>(d.row_bytes);
+    v.layers = static_cast<std::uint32_t>(d.payload_layers);
+    v.page_rows = static_cast<std::uint32_t>(page_rows);
+    v.tail_rows = static_cast<std::uint32_t>(cfg_.tail_rows);
+    v.pages_per_request = static_cast<std::uint32_t>(pages_per_request_);
+
+    workspace_view& w = src.ws;
+    w.control = reinterpret_cast<control_block*>(base + o.control);
+    w.ready = reinterpret_cast<std::uint64_t*>(base + o.ready);
+    w.plan = reinterpret_cast<plan_entry*>(base + o.plan);
+    w.errors = reinterpret_cast<entry_error*>(base + o.errors);
+    w.sticky = reinterpret_cast<entry_error*>(base + o.sticky);
+    w.stats = reinterpret_cast<entry_stats*>(base + o.stats);
+    w.capacity = static_cast<std::uint32_t>(cfg_.max_requests);
+    src.eager = base + o.eager;
+
+    DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
+
+    src.layer_pending.assign(d.payload_layers, false);
+    src.free_optional.clear();
+    for (std::size_t g = cfg_.optional_pages; g-- > 0;) src.free_optional.push_back(static_cast<std::int32_t>(g));
+    src.slot.resize(cfg_.max_requests);
+    for (auto& st : src.slot) reset_mirror(st);
+  }
+
+  void reset_mirror(slot_mirror& st) const {
+    st.frontier = 0;
+    st.host_pages.assign(pages_per_request_, no_page);
+    st.optional_page.assign(pages_per_request_, -1);
+  }
+  [[nodiscard]] static std::size_t page_of(std::int64_t row) { return static_cast<std::size_t>(row) / page_rows; }
+  [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
+    return (static_cast<std::size_t>(rows) + page_rows - 1) / page_rows;
+  }
+  static void check_source(std::size_t source) {
+    if (source >= sources)
+      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
+  static void check_layer(std::size_t source, std::size_t layer) {
+    check_source(source);
+    if (layer >= Layout::sources[source].payload_layers)
+      throw invalid_source("payload layer " + std::to_string(layer) + " outside source " + std::to_string(source));
+  }
+  void check_pending(std::size_t source) const {
+    const auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " resolved again before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+  }
+  static void check_not_capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+    if (status != cudaStreamCaptureStatusNone)
+      throw invalid_configuration("the eager resolve uploads its batch from host staging and cannot be captured; "
+                                  "capture resolve(source, batch_view, stream) instead");
+  }
+  void check_append(request_id id, std::size_t source, std::size_t slot, std::size_t count) const {
+    const auto& src = src_[source];
+    const auto& st = src.slot[slot];
+    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
+    if (last > static_cast<std::int64_t>(cfg_.max_rows))
+      throw capacity_exceeded("request " + std::to_string(id) + " would hold " + std::to_string(last) +
+                              " rows on source " + std::to_string(source) + ", capacity is " +
+                              std::to_string(cfg_.max_rows));
+    const std::size_t pages_needed = pages_for(last) - pages_for(first);
+    if (pages_needed > src.store.free_pages())
+      throw host_pool_exhausted("append needs " + std::to_string(pages_needed) + " host pages on source " +
+                                std::to_string(source) + ", " + std::to_string(src.store.free_pages()) + " free");
+  }
+  void append_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,
+                      cudaStream_t stream) {
+    auto& src = src_[source];
+    auto& st = src.slot[slot];
+    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
+    const std::size_t p0 = pages_for(first), p1 = pages_for(last);
+    if (p1 > p0) {
+      for (std::size_t g = p0; g < p1; ++g) st.host_pages[g] = src.store.allocate();
+      // Pageable source: cudaMemcpyAsync stages it before returning, so the mirror may change later.
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + p0, st.host_pages.data() + p0,
+                                         (p1 - p0) * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
+    }
+    DHISPARSE_CUDA_TRY(detail::launch_append(src.view, static_cast<unsigned>(slot), rows, first,
+                                             static_cast<unsigned>(count), last, sm_count_ * 8, stream));
+    st.frontier = last;
+  }
+  void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
+    auto& src = src_[source];
+    resolve_params p;
+    p.layers_to_copy = mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    p.prefetch = prefetch_ ? 1u : 0u;
+    p.copy_warps = copy_warps_;
+    p.rows_per_warp = rows_per_warp_;
+    DHISPARSE_CUDA_TRY(
+        (detail::launch_fused_resolve<resolve_traits, order_index>(src.view, src.ws, v, p, grid_, stream)));
+    if (mode == copy_layers::producer_only)
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+  }
+  control_block read_control(std::size_t source) const {
+    control_block cb;
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src_[source].ws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+    return cb;
+  }
+  template <class T>
+  std::vector<T> read_slot_array(const T* base, std::size_t slot, std::size_t n) const {
+    std::vector<T> out(n);
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), base + slot * n, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::string request_name(std::int32_t slot) const {
+    if (slot >= 0 && static_cast<std::size_t>(slot) < id_of_slot_.size() && id_of_slot_[slot])
+      return "request " + std::to_string(*id_of_slot_[slot]);
+    return "request slot " + std::to_string(slot);
+  }
+  std::string describe(std::size_t source, std::size_t t, const entry_error& r) const {
+    const std::string where = " (batch entry " + std::to_string(t) + ", source " + std::to_string(source) + ")";
+    switch (to_errc(r.code)) {
+      case errc::unknown_request:
+        return "request slot " + std::to_string(r.value) + " holds no admitted request" + where;
+      case errc::duplicate_in_batch:
+        return request_name(r.slot) + " appears twice in one resolve batch" + where;
+      case errc::size_mismatch:
+        return request_name(r.slot) + ": selection length " + std::to_string(r.value) +
+               " does not fit the batch buffers" + where;
+      case errc::selection_too_long:
+        return "selection of " + request_name(r.slot) + " on source " + std::to_string(source) + " has " +
+               std::to_string(r.value) + " entries, top_k is " + std::to_string(top_k) + where;
+      case errc::position_out_of_range:
+        return "selection entry " + std::to_string(r.index) + " of " + request_name(r.slot) + " on source " +
+               std::to_string(source) + " is row " + std::to_string(r.value) + ", outside [0, " +
+               std::to_string(cfg_.max_rows) + ") and not -1" + where;
+      case errc::position_beyond_frontier:
+        return "selection entry " + std::to_string(r.index) + " of " + request_name(r.slot) + " on source " +
+               std::to_string(source) + " is row " + std::to_string(r.value) + ", but only " +
+               std::to_string(r.frontier) + " rows exist" + where;
+      default:
+        return std::string(to_string(to_errc(r.code))) + where;
+    }
+  }
+
+  hierarchy_config cfg_;
+  cudaStream_t stream_ = nullptr;
+  dhisparse::detail::request_registry registry_;
+  std::vector<std::optional<request_id>> id_of_slot_;
+  location_space space_{};
+  std::size_t pages_per_request_ = 0;
+  int sm_count_ = 0;
+  int grid_ = 0;
+  int pageable_access_ = 0;
+  bool prefetch_ = false;
+  unsigned copy_warps_ = 0, rows_per_warp_ = 2;
+  device_buffer<std::uint32_t> live_buffer_;
+  detail::staging_ring ring_;
+  std::vector<std::uint32_t> stamp_;
+  std::uint32_t stamp_epoch_ = 0;
+  std::array<source_state, sources> src_;
+};
+
+}  // namespace dhisparse::cuda
+
+namespace dhisparse {
+static_assert(FusedResolver<cuda::hierarchy<layouts::tiny, lru_hot_cache<16>>>);
+}  // namespace dhisparse

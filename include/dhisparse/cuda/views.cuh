@@ -1,0 +1,133 @@
+#pragma once
+/// \file
+/// Trivially copyable views passed to the CUDA kernels by value (the owning-container / `ref`
+/// split of cuCollections; FlashInfer's `paged_kv_t`). The owning `cuda::hierarchy` builds them;
+/// engines build a `batch_view` over their own device buffers to launch the resolver from a
+/// CUDA graph.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../detail/config.hpp"
+#include "../errors.hpp"
+#include "../location_space.hpp"
+#include "../types.hpp"
+
+namespace dhisparse::cuda {
+
+/// Per-entry status written by the resolver: 0 = resolved, otherwise `1 + errc`.
+using status_code = std::int32_t;
+inline constexpr status_code status_ok = 0;
+DHISPARSE_HD constexpr status_code to_status(errc e) { return 1 + static_cast<status_code>(e); }
+constexpr errc to_errc(status_code s) { return static_cast<errc>(s - 1); }
+
+/// Outcome of one batch entry of one resolver launch.
+struct entry_error {
+  status_code code = status_ok;  ///< 0, or 1 + errc of the first broken rule
+  std::int32_t index = -1;       ///< selection entry at fault (-1: the entry as a whole)
+  std::int64_t value = 0;        ///< offending row, length or slot
+  std::int64_t frontier = 0;     ///< rows stored for the request when it was checked
+  std::uint32_t epoch = 0;       ///< launch that wrote the record
+  std::int32_t slot = -1;        ///< request slot named by the batch entry
+};
+static_assert(sizeof(entry_error) == 32);
+
+/// Where one batch entry's selection was found (see `resolve_stats`); bytes = rows_copied *
+/// layers_copied * row_bytes.
+struct entry_stats {
+  std::uint32_t selected = 0, direct = 0, hot = 0, host = 0, rows_copied = 0, layers_copied = 0;
+  std::uint32_t reserved[2] = {0, 0};
+};
+static_assert(sizeof(entry_stats) == 32);
+
+/// One planned host->GPU row copy: the row's layer-0 byte offset in the host store and its
+/// destination location (layer l adds `l * page_rows * row_bytes` on the host side).
+struct alignas(16) plan_entry {
+  std::uint64_t host_offset = 0;
+  location dst = 0;
+  row_index row = 0;
+};
+static_assert(sizeof(plan_entry) == 16);
+
+/// Work-distribution counters of one source's resolver. The last CTA of a launch resets them and
+/// advances `epoch`, so consecutive launches (and graph replays) need no host involvement.
+struct control_block {
+  std::uint32_t ticket = 0;        ///< next metadata task
+  std::uint32_t done = 0;          ///< CTAs finished
+  std::uint32_t epoch = 0;         ///< launches completed
+  std::uint32_t last_count = 0;    ///< batch entries of the last launch
+  std::uint32_t last_layers = 0;   ///< payload layers the last launch copied
+  std::uint32_t sticky_epoch = 0;  ///< first launch with a bad entry since errors were last checked
+  std::uint32_t overflow = 0;      ///< a batch count above capacity seen since the last check (the count)
+};
+
+/// Reverse-map value of a row that is not in the hot cache (all bits set).
+template <class OrderIndex>
+inline constexpr OrderIndex no_way = static_cast<OrderIndex>(~OrderIndex(0));
+
+/// Device state of one payload source (its pool geometry, cache state and page tables).
+template <class OrderIndex>
+struct source_view {
+  location_space space{};
+  row_index* hot_row = nullptr;             ///< [slots * B] row held by each hot way, -1 when empty
+  OrderIndex* order = nullptr;              ///< [slots * B] LRU order, least recently used first
+  std::int64_t* frontier = nullptr;         ///< [slots] rows stored
+  std::int32_t* optional_page = nullptr;    ///< [slots * pages_per_request] pool page or -1
+  std::int32_t* host_page = nullptr;        ///< [slots * pages_per_request] host-store page or -1
+  OrderIndex* way_of_row = nullptr;         ///< [slots * max_rows] hot way holding each row, `no_way` if none
+  const std::uint32_t* live = nullptr;      ///< [slots] non-zero while a request holds the slot
+  std::byte* host_store = nullptr;          ///< device address of the mapped pinned host store
+  std::byte* const* layer_pool = nullptr;   ///< [layers] device base of each payload layer's pool
+  std::uint64_t page_bytes = 0;             ///< host-store bytes per page (all layers)
+  std::int64_t max_rows = 0;                ///< history capacity per request
+  std::uint32_t row_bytes = 0;              ///< bytes per row (multiple of 16)
+  std::uint32_t layers = 0;                 ///< payload layers of the source
+  std::uint32_t page_rows = 0;              ///< rows per page
+  std::uint32_t tail_rows = 0;              ///< T
+  std::uint32_t pages_per_request = 0;      ///< ceil(max_rows / page_rows)
+};
+
+/// The resolver's per-source scratch and results (capacity = max_requests batch entries).
+struct workspace_view {
+  control_block* control = nullptr;
+  std::uint64_t* ready = nullptr;     ///< [capacity] published entry: epoch (low word), copy units (high word)
+  plan_entry* plan = nullptr;         ///< [capacity * top_k] misses of each entry, ascending rows
+  entry_error* errors = nullptr;      ///< [capacity] status of each entry of the last launch
+  entry_error* sticky = nullptr;      ///< [capacity] records of the first failing launch (check_errors)
+  entry_stats* stats = nullptr;       ///< [capacity] stats of each entry of the last launch
+  std::uint32_t capacity = 0;
+};
+
+/// A batch of selections on the device, for one resolver launch on one source.
+///
+/// Entry e (0 <= e < *count) names request slot `slots[e]` (`hierarchy::slot_of`), reads
+/// `lengths[e]` selection entries (all `stride` when `lengths` is null) and writes as many
+/// locations. Two layouts: *strided* (`selections`/`locations` hold entry e at `e * stride`) or
+/// *gathered* (`selection_ptrs[e]`/`location_ptrs[e]`, used when non-null). Everything is read on
+/// the device when the kernel runs, so a captured CUDA graph can change contents and `*count`
+/// between replays; `capacity` and the pointers are fixed at capture.
+struct batch_view {
+  const std::int32_t* slots = nullptr;               ///< [capacity]
+  const row_index* selections = nullptr;             ///< [capacity * stride], -1 padded
+  location* locations = nullptr;                     ///< [capacity * stride]
+  const row_index* const* selection_ptrs = nullptr;  ///< [capacity] (gathered layout)
+  location* const* location_ptrs = nullptr;          ///< [capacity] (gathered layout)
+  const std::int32_t* lengths = nullptr;             ///< [capacity] or null
+  const std::uint32_t* count = nullptr;              ///< device scalar: entries in this launch
+  std::uint32_t stride = 0;                          ///< strided layout: entries per selection
+  std::uint32_t capacity = 0;                        ///< entries the buffers hold (<= max_requests)
+};
+
+/// Scalar parameters of one resolver launch.
+struct resolve_params {
+  std::uint32_t layers_to_copy = 1;  ///< payload layers materialised (all, or 1 for producer_only)
+  std::uint32_t prefetch = 0;        ///< non-zero: prefetch miss rows into L2 before sorting
+  std::uint32_t copy_warps = 0;      ///< warps per CTA that copy (0: all)
+  std::uint32_t rows_per_warp = 2;   ///< rows a copying warp keeps in flight (1 or 2)
+};
+
+static_assert(std::is_trivially_copyable_v<source_view<std::uint16_t>>);
+static_assert(std::is_trivially_copyable_v<workspace_view>);
+static_assert(std::is_trivially_copyable_v<batch_view>);
+
+}  // namespace dhisparse::cuda

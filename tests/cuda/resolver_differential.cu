@@ -1,0 +1,177 @@
+// Differential test: host_hierarchy (the executable specification) against cuda::hierarchy on
+// identical randomized workloads: admit, append, resolve (tail / hot / miss rows, duplicates,
+// -1 padding, shorter selections), optional pages mapped and unmapped, producer-only resolves
+// with follower copies, complete and readmit. After every resolve: locations, per-entry stats,
+// copy plan and the payload bytes at every returned location; periodically the hot rows, LRU
+// order, optional map and frontier of every request/source and every byte of every pool.
+#include "cuda_test_support.cuh"
+
+namespace {
+
+using namespace dhtest;
+
+struct workload {
+  std::size_t steps = 1000;
+  std::size_t max_batch = 4;
+  std::size_t state_every = 10;  ///< compare state and pools every this many steps
+  std::size_t initial_rows = 0;  ///< rows appended on admission (0: a random amount)
+  std::uint64_t seed = 1;
+};
+
+template <class Layout, class Hot>
+void run_differential(const dh::hierarchy_config& cfg, const workload& w, const char* name) {
+  require_device();
+  twin<Layout, Hot> tw(cfg, w.seed);
+  using T = twin<Layout, Hot>;
+  constexpr std::size_t K = Layout::top_k;
+  constexpr std::size_t P = Layout::page_rows;
+  std::size_t resolves = 0, copied = 0, hot = 0, direct = 0;
+
+  auto admit_new = [&] {
+    const request_id id = tw.next_id++;
+    if (!tw.admit(id)) return;
+    for (std::size_t s = 0; s < T::sources; ++s) {
+      const std::size_t rows = w.initial_rows != 0 ? w.initial_rows : 1 + tw.uniform(cfg.max_rows / 2);
+      tw.append(id, s, rows);
+    }
+  };
+  for (std::size_t i = 0; i < cfg.max_requests; ++i) admit_new();
+
+  for (std::size_t step = 0; step < w.steps; ++step) {
+    const std::string ctx = std::string(name) + " step " + std::to_string(step);
+    INFO(ctx);
+    const double op = std::uniform_real_distribution<double>(0, 1)(tw.rng);
+    if (op < 0.06) {
+      admit_new();
+    } else if (op < 0.10) {
+      if (!tw.live.empty()) {
+        const request_id id = tw.live[tw.uniform(tw.live.size())];
+        tw.complete(id);
+        if (tw.chance(0.5)) {  // readmit the same id with a fresh history
+          REQUIRE(tw.admit(id));
+          for (std::size_t s = 0; s < T::sources; ++s) tw.append(id, s, 1 + tw.uniform(3 * P));
+        }
+      }
+    } else if (op < 0.28) {
+      if (!tw.live.empty()) {
+        const request_id id = tw.live[tw.uniform(tw.live.size())];
+        const std::size_t s = tw.uniform(T::sources);
+        const std::int64_t room = static_cast<std::int64_t>(cfg.max_rows) - tw.host.frontier(id, s);
+        if (room > 0) tw.append(id, s, 1 + tw.uniform(std::min<std::size_t>(static_cast<std::size_t>(room), 2 * P)));
+      }
+    } else if (op < 0.36) {
+      if (!tw.live.empty()) {
+        const request_id id = tw.live[tw.uniform(tw.live.size())];
+        const std::size_t s = tw.uniform(T::sources);
+        const std::size_t pages = static_cast<std::size_t>(tw.host.frontier(id, s)) / P;
+        if (pages > 0) {
+          const std::size_t page = tw.uniform(pages);
+          if (tw.chance(0.7)) tw.map_page(id, s, page);
+          else tw.unmap_page(id, s, page);
+        }
+      }
+    } else if (!tw.live.empty()) {
+      // resolve a batch of distinct requests on one source
+      const std::size_t s = tw.uniform(T::sources);
+      std::vector<request_id> ids = tw.live;
+      std::shuffle(ids.begin(), ids.end(), tw.rng);
+      ids.resize(1 + tw.uniform(std::min(w.max_batch, ids.size())));
+      std::vector<typename T::request_selection> batch;
+      for (request_id id : ids) {
+        const std::size_t len = tw.chance(0.7) ? K : tw.uniform(K + 1);
+        batch.push_back({id, tw.make_selection(id, s, len)});
+      }
+      const bool producer_only = Layout::sources[s].payload_layers > 1 && tw.chance(0.4);
+      const auto mode = producer_only ? dh::copy_layers::producer_only : dh::copy_layers::all;
+      const bool leave_pending = producer_only && tw.chance(0.2);
+      const auto locs = tw.resolve(s, batch, mode, !leave_pending, ctx);
+      ++resolves;
+      for (const auto& st : tw.dev.last_stats(s)) {
+        copied += st.rows_copied;
+        hot += st.hot;
+        direct += st.direct;
+      }
+      tw.check_contents(s, batch, locs, producer_only && leave_pending ? 1 : Layout::sources[s].payload_layers, ctx);
+      if (leave_pending) {
+        // Both backends refuse to resolve the source again before the followers copied the plan.
+        typename T::request_selection again{batch[0].id, batch[0].selection};
+        std::vector<location> sink(again.selection.size());
+        REQUIRE_THROWS_AS(tw.host.resolve(again.id, s, again.selection, sink), dh::pending_follower_copies);
+        std::vector<typename T::device_type::batch_item> none;
+        REQUIRE_THROWS_AS(tw.dev.resolve(s, std::span<const typename T::device_type::batch_item>(none)),
+                          dh::pending_follower_copies);
+        for (std::size_t l = 1; l < Layout::sources[s].payload_layers; ++l) {
+          tw.host.copy_follower(s, l);
+          tw.dev.copy_follower(s, l);
+        }
+        tw.check_contents(s, batch, locs, Layout::sources[s].payload_layers, ctx + " after follower copies");
+      }
+    }
+    if (step % w.state_every == 0 || step + 1 == w.steps) {
+      tw.compare_state(ctx);
+      tw.compare_pools(ctx);
+    }
+  }
+  INFO(name << ": " << resolves << " resolves, " << copied << " rows recovered, " << hot << " hot entries, " << direct
+            << " direct entries");
+  CHECK(resolves > w.steps / 4);
+  CHECK(copied > 0);
+  CHECK(hot > 0);
+  CHECK(direct > 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=16", "[gpu][differential]") {
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 4;
+  cfg.max_rows = 200;
+  cfg.optional_pages = 6;
+  workload w;
+  w.steps = 3000;
+  w.max_batch = 4;
+  w.state_every = 5;
+  w.seed = 11;
+  run_differential<dh::layouts::tiny, dh::lru_hot_cache<16>>(cfg, w, "tiny/B16");
+}
+
+TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=64, wide tail", "[gpu][differential]") {
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 6;
+  cfg.max_rows = 400;
+  cfg.optional_pages = 10;
+  cfg.tail_rows = 12;  // a tail that is not a whole page
+  workload w;
+  w.steps = 3000;
+  w.max_batch = 6;
+  w.state_every = 7;
+  w.seed = 12;
+  run_differential<dh::layouts::tiny, dh::lru_hot_cache<64>>(cfg, w, "tiny/B64");
+}
+
+TEST_CASE("cuda resolver matches the host hierarchy: 576/656-byte rows, k=256, B=512", "[gpu][differential]") {
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 6;
+  cfg.max_rows = 4096;
+  cfg.optional_pages = 24;
+  workload w;
+  w.steps = 1500;
+  w.max_batch = 6;
+  w.state_every = 10;
+  w.seed = 13;
+  run_differential<layout_576, dh::lru_hot_cache<512>>(cfg, w, "576/k256/B512");
+}
+
+TEST_CASE("cuda resolver matches the host hierarchy: GLM-like k=2048, B=4096", "[gpu][differential]") {
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 3;
+  cfg.max_rows = 20000;
+  cfg.optional_pages = 32;
+  workload w;
+  w.steps = 40;
+  w.max_batch = 3;
+  w.state_every = 4;
+  w.initial_rows = 12000;
+  w.seed = 14;
+  run_differential<layout_glm_like, dh::lru_hot_cache<4096>>(cfg, w, "glm-like/k2048/B4096");
+}
