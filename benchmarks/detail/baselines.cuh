@@ -1,0 +1,90 @@
+#pragma once
+/// \file
+/// Simple baselines of the CUDA resolver benchmark (the one-CTA-per-request peer design lives in
+/// one_cta_per_request.cuh):
+///  * pinned_memcpy: one large cudaMemcpyAsync host->device from pinned memory (the PCIe ceiling);
+///  * naive_gather:  a flat warp-per-row zero-copy gather of exactly a step's missing rows, in the
+///                   order the selections emit them, from the pinned history into a device buffer
+///                   (copy only: no lookup, no cache state, no locations);
+///  * resident:      the whole history in HBM; resolving is `location = request base + row`.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace dhisparse_bench {
+
+/// 16-byte vectors a lane moves for a row of RowBytes (RowBytes % 16 == 0, at most 64 vectors).
+template <int RowBytes>
+struct row_shape {
+  static_assert(RowBytes % 16 == 0 && RowBytes > 0 && RowBytes <= 1024, "rows of 16..1024 bytes, 16-byte multiples");
+  static constexpr int vectors = RowBytes / 16;
+  static constexpr int per_lane = (vectors + 31) / 32;
+};
+
+/// Copies one row with one warp: every lane loads its vectors first, then stores them (loads of
+/// the whole row in flight before any store; the pattern of DESIGN §4's probes).
+template <int RowBytes>
+__device__ __forceinline__ void warp_copy_row(const int4* __restrict__ src, int4* __restrict__ dst, int lane) {
+  using shape = row_shape<RowBytes>;
+  int4 v[shape::per_lane];
+#pragma unroll
+  for (int i = 0; i < shape::per_lane; ++i) {
+    const int x = lane + 32 * i;
+    if (x < shape::vectors) v[i] = src[x];
+  }
+#pragma unroll
+  for (int i = 0; i < shape::per_lane; ++i) {
+    const int x = lane + 32 * i;
+    if (x < shape::vectors) dst[x] = v[i];
+  }
+}
+
+/// naive_gather: row i of the output is history row gidx[i] (global index q*hist + row).
+template <int RowBytes>
+__global__ void __launch_bounds__(512) naive_gather_kernel(const std::byte* __restrict__ history,
+                                                           std::byte* __restrict__ out,
+                                                           const std::int32_t* __restrict__ gidx, int n) {
+  const int lane = threadIdx.x & 31;
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int warps = static_cast<int>((gridDim.x * blockDim.x) >> 5);
+  for (int i = warp; i < n; i += warps) {
+    const auto* src = reinterpret_cast<const int4*>(history + static_cast<std::size_t>(gidx[i]) * RowBytes);
+    auto* dst = reinterpret_cast<int4*>(out + static_cast<std::size_t>(i) * RowBytes);
+    warp_copy_row<RowBytes>(src, dst, lane);
+  }
+}
+
+template <int RowBytes>
+void launch_naive_gather(const std::byte* history, std::byte* out, const std::int32_t* gidx, int n, int sms,
+                         cudaStream_t s) {
+  naive_gather_kernel<RowBytes><<<sms * 4, 512, 0, s>>>(history, out, gidx, n);
+}
+
+/// resident: loc[b*k + j] = req[b]*hist + sel[b*k + j] (-1 passes). Four entries per thread.
+__global__ void __launch_bounds__(256) resident_locations_kernel(const int4* __restrict__ sel, int4* __restrict__ loc,
+                                                                 const std::int32_t* __restrict__ req, int vec_per_item,
+                                                                 int vectors, int hist) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= vectors) return;
+  const int base = req[i / vec_per_item] * hist;
+  int4 s = sel[i];
+  s.x = s.x < 0 ? -1 : base + s.x;
+  s.y = s.y < 0 ? -1 : base + s.y;
+  s.z = s.z < 0 ? -1 : base + s.z;
+  s.w = s.w < 0 ? -1 : base + s.w;
+  loc[i] = s;
+}
+
+/// Requires k % 4 == 0 and 16-byte aligned selection/location arrays.
+inline void launch_resident(const std::int32_t* sel, std::int32_t* loc, const std::int32_t* req, int C, int k, int hist,
+                            cudaStream_t s) {
+  const int vectors = C * k / 4;
+  resident_locations_kernel<<<(vectors + 255) / 256, 256, 0, s>>>(reinterpret_cast<const int4*>(sel),
+                                                                   reinterpret_cast<int4*>(loc), req, k / 4, vectors,
+                                                                   hist);
+}
+
+}  // namespace dhisparse_bench
