@@ -75,7 +75,8 @@ void print_table(const plan_cli_options& o, const session_plan& p) {
   std::printf("  %-40s %30.3fx\n", "resident / hierarchical", p.resident_per_hierarchical);
   print_bytes_row("metadata (separate, not in the totals)", p.metadata);
   print_bytes_row("  hot-cache map (int32 row + uint16 LRU)", p.metadata_hot_cache_map);
-  print_bytes_row("  page table (int32 per page)", p.metadata_page_table);
+  print_bytes_row("  page tables (2 x int32 per page)", p.metadata_page_table);
+  print_bytes_row("  reverse map (uint16 per row, CUDA)", p.metadata_reverse_map);
 
   std::printf("\n  %-40s %19s %10s\n", "host (pinned) memory", "bytes", "GiB");
   print_bytes_row("complete history per session", p.host_per_session);
@@ -179,6 +180,7 @@ void print_json(const plan_cli_options& o, const session_plan& p) {
   bytes_and_gib("metadata", p.metadata);
   bytes_and_gib("metadata_hot_cache_map", p.metadata_hot_cache_map);
   bytes_and_gib("metadata_page_table", p.metadata_page_table);
+  bytes_and_gib("metadata_reverse_map", p.metadata_reverse_map);
   bytes_and_gib("host", p.host_per_session);
   close();
   char ratio[32];

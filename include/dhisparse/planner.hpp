@@ -240,8 +240,9 @@ struct session_plan {
 
   // Metadata: reported separately, not part of the paper's per-session figures or the totals.
   std::uint64_t metadata_hot_cache_map = 0;  ///< per source and hot row: slot row (int32) + LRU order (uint16)
-  std::uint64_t metadata_page_table = 0;     ///< per source and history page: optional-history page (int32)
-  std::uint64_t metadata = 0;                ///< sum of the two above
+  std::uint64_t metadata_page_table = 0;     ///< per source and history page: optional-history and host page (2 x int32)
+  std::uint64_t metadata_reverse_map = 0;    ///< per source and history row: hot way holding it (uint16, CUDA backend)
+  std::uint64_t metadata = 0;                ///< sum of the three above
 
   // Totals per session.
   std::uint64_t hierarchical_total = 0;  ///< index_keys + hot_cache + tail + draft_ring + staging
@@ -322,8 +323,10 @@ constexpr std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / 
 /// Bytes of a hot-cache slot row entry and of its LRU order entry, per source and hot row.
 inline constexpr std::uint64_t hot_slot_entry_bytes = sizeof(std::int32_t);
 inline constexpr std::uint64_t lru_order_entry_bytes = sizeof(std::uint16_t);
-/// Bytes of one optional-history page-table entry, per source and page.
+/// Bytes of one page-table entry (optional-history page, host page), per source and page.
 inline constexpr std::uint64_t page_table_entry_bytes = sizeof(std::int32_t);
+/// Bytes of one reverse-map entry (hot way of a row, CUDA backend), per source and history row.
+inline constexpr std::uint64_t reverse_map_entry_bytes = sizeof(std::uint16_t);
 
 /// Plans one session of `model` under `inputs`. Throws `planner_error` for invalid inputs or when a
 /// byte count would not fit in 64 bits.
@@ -354,8 +357,9 @@ constexpr session_plan plan(const model_shape& model, const plan_inputs& inputs)
 
   r.metadata_hot_cache_map =
       c.mul(c.mul(model.sources, r.hot_rows), hot_slot_entry_bytes + lru_order_entry_bytes);
-  r.metadata_page_table = c.mul(c.mul(model.sources, r.history_pages), page_table_entry_bytes);
-  r.metadata = c.add(r.metadata_hot_cache_map, r.metadata_page_table);
+  r.metadata_page_table = c.mul(c.mul(model.sources, r.history_pages), 2 * page_table_entry_bytes);
+  r.metadata_reverse_map = c.mul(c.mul(model.sources, r.history_rows), reverse_map_entry_bytes);
+  r.metadata = c.add(c.add(r.metadata_hot_cache_map, r.metadata_page_table), r.metadata_reverse_map);
 
   r.hierarchical_total = c.add(c.add(c.add(c.add(r.index_keys, r.hot_cache), r.tail), r.draft_ring), r.staging);
   r.resident_total =

@@ -224,8 +224,9 @@ TEST_CASE("planner: metadata is reported separately", "[planner]") {
   const auto p = glm_plan(paper_context, drafters::dflash2);
   REQUIRE(p.metadata_hot_cache_map == glm_producers * 4096 * (sizeof(std::int32_t) + sizeof(std::uint16_t)));
   REQUIRE(p.history_pages == paper_history_rows / 64);
-  REQUIRE(p.metadata_page_table == glm_producers * p.history_pages * sizeof(std::int32_t));
-  REQUIRE(p.metadata == p.metadata_hot_cache_map + p.metadata_page_table);
+  REQUIRE(p.metadata_page_table == glm_producers * p.history_pages * 2 * sizeof(std::int32_t));
+  REQUIRE(p.metadata_reverse_map == glm_producers * p.history_rows * sizeof(std::uint16_t));
+  REQUIRE(p.metadata == p.metadata_hot_cache_map + p.metadata_page_table + p.metadata_reverse_map);
   REQUIRE(p.hierarchical_total == p.index_keys + p.hot_cache + p.tail + p.draft_ring + p.staging);
 }
 
