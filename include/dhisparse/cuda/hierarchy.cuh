@@ -34,6 +34,7 @@
 #include "../detail/validate.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
+#include "../detail/history_books.hpp"
 #include "../host/host_store.hpp"
 #include "../layout.hpp"
 #include "../layouts/tiny.hpp"
@@ -189,13 +190,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
-      auto& st = src.slot[slot];
-      for (page_id g : st.host_pages)
-        if (g != no_page) src.store.release(g);
-      for (std::int32_t g : st.optional_page)
-        if (g >= 0) src.free_optional.push_back(g);
-      std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
-      reset_mirror(st);
+      src.books.release_slot(slot);
       DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
     }
     registry_.release(id);
@@ -207,7 +202,7 @@ class hierarchy {
   /// Rows stored for a request/source (host bookkeeping; the device copy follows in stream order).
   [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
     check_source(source);
-    return src_[source].slot[registry_.slot(id)].frontier;
+    return src_[source].books.slot(registry_.slot(id)).frontier;
   }
 
   /// Appends `count` rows from device-accessible memory (device memory, or pinned host memory)
@@ -217,7 +212,7 @@ class hierarchy {
   void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
-    check_append(id, source, slot, count);
+    src_[source].books.check_append(id, source, slot, count);
     if (count == 0) return;
     cudaPointerAttributes attr{};
     DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
@@ -234,11 +229,11 @@ class hierarchy {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
-    if (rows.size() != count * d.payload_layers * d.row_bytes)
-      throw size_mismatch("append to source " + std::to_string(source) + " got " + std::to_string(rows.size()) +
-                          " bytes for " + std::to_string(count) + " rows, expected " +
+    src_[source].books.check_append(id, source, slot, count);  // capacity and host pages, before any size math
+    if (rows.size() != count * d.payload_layers * d.row_bytes)  // count <= max_rows: no overflow
+      throw size_mismatch("append of request " + std::to_string(id) + " to source " + std::to_string(source) + " got " +
+                          std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
-    check_append(id, source, slot, count);
     if (count == 0) return;
     void* tmp = nullptr;
     DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
@@ -433,18 +428,15 @@ class hierarchy {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
-    auto& st = src.slot[slot];
-    if (static_cast<std::int64_t>((page + 1) * page_rows) > st.frontier)
-      throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
-                                     " is not complete (" + std::to_string(st.frontier) + " rows)");
-    if (st.optional_page[page] >= 0) return true;
-    if (src.free_optional.empty()) return false;
-    const std::int32_t g = src.free_optional.back();
-    DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, st.host_pages[page], static_cast<unsigned>(page), g, stream));
+    const auto taken = src.books.take_optional(id, source, slot, page);
+    if (!taken) return false;
+    const auto [g, fresh] = *taken;
+    if (!fresh) return true;
+    // Copy, then publish the map entry behind the copy in stream order.
+    DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, src.books.slot(slot).host_pages[page],
+                                                    static_cast<unsigned>(page), g, stream));
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
         src.view.optional_page + slot * pages_per_request_ + page, g, stream));
-    src.free_optional.pop_back();
-    st.optional_page[page] = g;
     return true;
   }
   bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
@@ -456,22 +448,22 @@ class hierarchy {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
-    auto& st = src.slot[slot];
-    if (page >= st.optional_page.size())
-      throw position_out_of_range("optional page " + std::to_string(page) + " out of range");
-    if (st.optional_page[page] < 0) return;
+    if (!src.books.release_optional(id, slot, page)) return;
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
         src.view.optional_page + slot * pages_per_request_ + page, std::int32_t{-1}, stream));
-    src.free_optional.push_back(st.optional_page[page]);
-    std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
-    st.optional_page[page] = -1;
   }
   void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
     unmap_optional_page(id, source, page, stream_);
   }
 
-  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const { return src_.at(source).free_optional.size(); }
-  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const { return src_.at(source).store.free_pages(); }
+  [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const {
+    check_source(source);
+    return src_[source].books.free_optional_pages();
+  }
+  [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
+    check_source(source);
+    return src_[source].books.store().free_pages();
+  }
 
   // ------------------------------------------------------------------ views and inspection
 
@@ -516,9 +508,10 @@ class hierarchy {
                                                     row_index row) const {
     check_layer(source, layer);
     const auto& src = src_[source];
-    const auto& st = src.slot[registry_.slot(id)];
-    if (row < 0 || row >= st.frontier) throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
-    return src.store.row(st.host_pages[page_of(row)], layer, row);
+    const std::size_t slot = registry_.slot(id);
+    if (row < 0 || row >= src.books.slot(slot).frontier)
+      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
+    return src.books.store().row(src.books.host_page_of(slot, row), layer, row);
   }
   /// Hot-cache contents of a request/source read back from the device (-1: empty way).
   [[nodiscard]] std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const {
@@ -541,22 +534,15 @@ class hierarchy {
   static constexpr unsigned staging_depth = 16;
   static constexpr std::size_t max_request_slots = 8192;
 
-  struct slot_mirror {
-    std::int64_t frontier = 0;
-    std::vector<page_id> host_pages;          // history page -> host-store page
-    std::vector<std::int32_t> optional_page;  // history page -> optional pool page, -1 if not ready
-  };
   struct source_state {
     device_buffer<std::byte> device;
     pinned_buffer pinned;
-    host_store store;
+    dhisparse::detail::history_books books;  // frontier, host pages and optional pages of every slot
     view_type view{};
     workspace_view ws{};
     std::byte* eager = nullptr;            // device batch descriptor of eager resolves
     std::vector<std::byte*> layer_ptrs;    // host copy of the per-layer pool bases
     std::vector<bool> layer_pending;
-    std::vector<std::int32_t> free_optional;  // descending: back() is the lowest free page
-    std::vector<slot_mirror> slot;
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
@@ -630,7 +616,9 @@ class hierarchy {
                                        sizeof(order_index) * cfg_.max_requests * cfg_.max_rows, stream_));
 
     src.pinned = pinned_buffer(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
-    src.store = host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, src.pinned.span());
+    src.books = dhisparse::detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
+                                      host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
+                                                 src.pinned.span()));
 
     src.layer_ptrs.resize(d.payload_layers);
     for (std::size_t l = 0; l < d.payload_layers; ++l) src.layer_ptrs[l] = base + o.pool + l * o.layer_stride;
@@ -649,7 +637,7 @@ class hierarchy {
     v.live = live_buffer_.data();
     v.host_store = src.pinned.device_data();
     v.layer_pool = reinterpret_cast<std::byte* const*>(base + o.layer_ptrs);
-    v.page_bytes = src.store.page_bytes();
+    v.page_bytes = src.books.store().page_bytes();
     v.max_rows = static_cast<std::int64_t>(cfg_.max_rows);
     v.row_bytes = static_cast<std::uint32_t>(d.row_bytes);
     v.layers = static_cast<std::uint32_t>(d.payload_layers);
@@ -670,18 +658,8 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
 
     src.layer_pending.assign(d.payload_layers, false);
-    src.free_optional.clear();
-    for (std::size_t g = cfg_.optional_pages; g-- > 0;) src.free_optional.push_back(static_cast<std::int32_t>(g));
-    src.slot.resize(cfg_.max_requests);
-    for (auto& st : src.slot) reset_mirror(st);
   }
 
-  void reset_mirror(slot_mirror& st) const {
-    st.frontier = 0;
-    st.host_pages.assign(pages_per_request_, no_page);
-    st.optional_page.assign(pages_per_request_, -1);
-  }
-  [[nodiscard]] static std::size_t page_of(std::int64_t row) { return static_cast<std::size_t>(row) / page_rows; }
   [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
     return (static_cast<std::size_t>(rows) + page_rows - 1) / page_rows;
   }
@@ -708,34 +686,18 @@ class hierarchy {
       throw invalid_configuration("the eager resolve uploads its batch from host staging and cannot be captured; "
                                   "capture resolve(source, batch_view, stream) instead");
   }
-  void check_append(request_id id, std::size_t source, std::size_t slot, std::size_t count) const {
-    const auto& src = src_[source];
-    const auto& st = src.slot[slot];
-    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
-    if (last > static_cast<std::int64_t>(cfg_.max_rows))
-      throw capacity_exceeded("request " + std::to_string(id) + " would hold " + std::to_string(last) +
-                              " rows on source " + std::to_string(source) + ", capacity is " +
-                              std::to_string(cfg_.max_rows));
-    const std::size_t pages_needed = pages_for(last) - pages_for(first);
-    if (pages_needed > src.store.free_pages())
-      throw host_pool_exhausted("append needs " + std::to_string(pages_needed) + " host pages on source " +
-                                std::to_string(source) + ", " + std::to_string(src.store.free_pages()) + " free");
-  }
   void append_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,
                       cudaStream_t stream) {
     auto& src = src_[source];
-    auto& st = src.slot[slot];
-    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
-    const std::size_t p0 = pages_for(first), p1 = pages_for(last);
-    if (p1 > p0) {
-      for (std::size_t g = p0; g < p1; ++g) st.host_pages[g] = src.store.allocate();
-      // Pageable source: cudaMemcpyAsync stages it before returning, so the mirror may change later.
-      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + p0, st.host_pages.data() + p0,
-                                         (p1 - p0) * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream));
-    }
-    DHISPARSE_CUDA_TRY(detail::launch_append(src.view, static_cast<unsigned>(slot), rows, first,
-                                             static_cast<unsigned>(count), last, sm_count_ * 8, stream));
-    st.frontier = last;
+    const auto a = src.books.commit_append(slot, count);
+    if (a.last_page > a.first_page)
+      // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
+                                         src.books.slot(slot).host_pages.data() + a.first_page,
+                                         (a.last_page - a.first_page) * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                         stream));
+    DHISPARSE_CUDA_TRY(detail::launch_append(src.view, static_cast<unsigned>(slot), rows, a.first_row,
+                                             static_cast<unsigned>(count), a.last_row, sm_count_ * 8, stream));
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
     auto& src = src_[source];

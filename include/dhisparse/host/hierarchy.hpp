@@ -23,6 +23,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "../detail/history_books.hpp"
 #include "../detail/lru_order.hpp"
 #include "../detail/request_registry.hpp"
 #include "../detail/validate.hpp"
@@ -64,12 +65,13 @@ class host_hierarchy {
       const auto& d = Layout::sources[s];
       auto& src = src_[s];
       src.host_bytes.resize(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
-      src.store = host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, src.host_bytes);
+      src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
+                                        host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
+                                                   src.host_bytes));
       src.pool.assign(d.payload_layers, std::vector<std::byte>(space_.rows() * d.row_bytes));
       src.layer_pending.assign(d.payload_layers, false);
-      for (std::size_t g = cfg_.optional_pages; g-- > 0;) src.free_optional.push_back(static_cast<std::int32_t>(g));
       src.state.resize(cfg_.max_requests);
-      for (auto& st : src.state) reset_state(st);
+      for (auto& st : src.state) reset_hot(st);
     }
   }
 
@@ -92,14 +94,9 @@ class host_hierarchy {
     std::size_t slot = registry_.slot(id);
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
-      auto& st = src.state[slot];
-      for (page_id g : st.host_pages)
-        if (g != no_page) src.store.release(g);
-      for (std::int32_t g : st.optional_page)
-        if (g >= 0) src.free_optional.push_back(g);
-      std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
+      src.books.release_slot(slot);
       std::erase_if(src.plan, [slot](const planned_copy& c) { return c.slot == slot; });  // its host pages are gone
-      reset_state(st);
+      reset_hot(src.state[slot]);
     }
     registry_.release(id);
   }
@@ -107,7 +104,7 @@ class host_hierarchy {
   /// Number of stored rows of a request's history for a source.
   [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
     check_source(source);
-    return src_[source].state[registry_.slot(id)].frontier;
+    return src_[source].books.slot(registry_.slot(id)).frontier;
   }
 
   /// Appends `count` complete rows to a request's history for one source. `rows` holds, for each
@@ -118,34 +115,20 @@ class host_hierarchy {
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
     auto& src = src_[source];
-    auto& st = src.state[slot];
-    const auto room = static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - st.frontier);
-    if (count > room)
-      throw capacity_exceeded("request " + std::to_string(id) + " would hold " +
-                              (count <= SIZE_MAX / 2 ? std::to_string(static_cast<std::size_t>(st.frontier) + count)
-                                                      : std::to_string(count) + " more") +
-                              " rows on source " + std::to_string(source) + ", capacity is " +
-                              std::to_string(cfg_.max_rows) + " (" + std::to_string(room) + " left)");
+    src.books.check_append(id, source, slot, count);  // capacity and host pages, before any size math
     if (rows.size() != count * d.payload_layers * d.row_bytes)  // count <= max_rows: no overflow
       throw size_mismatch("append of request " + std::to_string(id) + " to source " + std::to_string(source) + " got " +
                           std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
-    const std::int64_t first = st.frontier, last = st.frontier + static_cast<std::int64_t>(count);
-    const std::size_t pages_needed = pages_for(last) - pages_for(first);
-    if (pages_needed > src.store.free_pages())
-      throw host_pool_exhausted("append of request " + std::to_string(id) + " needs " + std::to_string(pages_needed) +
-                                " host pages on source " +
-                                std::to_string(source) + ", " + std::to_string(src.store.free_pages()) + " free");
-    for (std::size_t g = pages_for(first); g < pages_for(last); ++g) st.host_pages[g] = src.store.allocate();
-    for (std::int64_t r = first; r < last; ++r) {
+    const auto a = src.books.commit_append(slot, count);
+    for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
-        const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - first)) * d.row_bytes;
-        std::memcpy(src.store.row(st.host_pages[page_of(r)], l, r).data(), in, d.row_bytes);
-        if (r >= last - static_cast<std::int64_t>(cfg_.tail_rows))
+        const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - a.first_row)) * d.row_bytes;
+        std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(), in, d.row_bytes);
+        if (r >= a.last_row - static_cast<std::int64_t>(cfg_.tail_rows))
           std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
       }
     }
-    st.frontier = last;
   }
 
   /// Resolves one request's selection on a source; see the file comment. Returns where entries came from.
@@ -173,7 +156,7 @@ class host_hierarchy {
       if (item.locations.size() != item.selection.size())
         throw size_mismatch("request " + std::to_string(item.request) + ": " + std::to_string(item.locations.size()) +
                             " location entries for a selection of " + std::to_string(item.selection.size()));
-      detail::validate_selection(item.selection, top_k, src.state[slot].frontier,
+      detail::validate_selection(item.selection, top_k, src.books.slot(slot).frontier,
                                  static_cast<std::int64_t>(cfg_.max_rows), item.request, source);
       slots.push_back(slot);
     }
@@ -197,7 +180,7 @@ class host_hierarchy {
     if (!src.layer_pending[layer]) return 0;  // nothing planned, or already copied
     const auto& d = Layout::sources[source];
     for (const auto& c : src.plan)
-      std::memcpy(pool_row(source, layer, c.dst), src.store.row(src.state[c.slot].host_pages[page_of(c.row)], layer, c.row).data(),
+      std::memcpy(pool_row(source, layer, c.dst), src.books.store().row(src.books.host_page_of(c.slot, c.row), layer, c.row).data(),
                   d.row_bytes);
     src.layer_pending[layer] = false;
     return src.plan.size() * d.row_bytes;
@@ -216,51 +199,36 @@ class host_hierarchy {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
-    auto& st = src.state[slot];
-    if (page >= st.optional_page.size())
-      throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
-                                  " is outside its " + std::to_string(st.optional_page.size()) + " history pages");
-    if (page >= static_cast<std::size_t>(st.frontier) / page_rows)
-      throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
-                                     " is not complete (" + std::to_string(st.frontier) + " rows)");
-    if (st.optional_page[page] >= 0) return true;
-    if (src.free_optional.empty()) return false;
-    const std::int32_t g = src.free_optional.back();
-    src.free_optional.pop_back();
+    const auto taken = src.books.take_optional(id, source, slot, page);
+    if (!taken) return false;
+    const auto [g, fresh] = *taken;
+    if (!fresh) return true;
     const auto& d = Layout::sources[source];
     for (std::size_t l = 0; l < d.payload_layers; ++l)
       for (std::size_t i = 0; i < page_rows; ++i) {
         const auto r = static_cast<std::int64_t>(page * page_rows + i);
         std::memcpy(pool_row(source, l, space_.optional(static_cast<std::size_t>(g), r)),
-                    src.store.row(st.host_pages[page], l, r).data(), d.row_bytes);
+                    src.books.store().row(src.books.host_page_of(slot, r), l, r).data(), d.row_bytes);
       }
-    st.optional_page[page] = g;  // publish after the copy
-    return true;
+    return true;  // the host backend copies synchronously: published once the call returns
   }
 
   /// Retires an optional page (its rows keep their host copy); the pool page becomes free.
   void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
     check_source(source);
     auto& src = src_[source];
-    auto& st = src.state[registry_.slot(id)];
-    if (page >= st.optional_page.size())
-      throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
-                                  " is outside its " + std::to_string(st.optional_page.size()) + " history pages");
-    if (st.optional_page[page] < 0) return;
-    src.free_optional.push_back(st.optional_page[page]);
-    std::sort(src.free_optional.begin(), src.free_optional.end(), std::greater<>());
-    st.optional_page[page] = -1;
+    src.books.release_optional(id, registry_.slot(id), page);
   }
 
   /// Free optional pages of a source's pool.
   [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const {
     check_source(source);
-    return src_[source].free_optional.size();
+    return src_[source].books.free_optional_pages();
   }
   /// Free host-store pages of a source.
   [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
     check_source(source);
-    return src_[source].store.free_pages();
+    return src_[source].books.store().free_pages();
   }
 
   /// Bytes attention reads at `loc` of a source's payload layer (the simulated GPU pool).
@@ -278,9 +246,10 @@ class host_hierarchy {
                                                     row_index row) const {
     check_layer(source, layer);
     const auto& src = src_[source];
-    const auto& st = src.state[registry_.slot(id)];
-    if (row < 0 || row >= st.frontier) throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
-    return src.store.row(st.host_pages[page_of(row)], layer, row);
+    const std::size_t slot = registry_.slot(id);
+    if (row < 0 || row >= src.books.slot(slot).frontier)
+      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
+    return src.books.store().row(src.books.host_page_of(slot, row), layer, row);
   }
 
   /// Hot-cache contents of a request/source: row held by each slot, -1 when empty.
@@ -296,23 +265,19 @@ class host_hierarchy {
   /// Optional-history map of a request/source: pool page of each history page, -1 when not ready.
   [[nodiscard]] std::span<const std::int32_t> optional_map_of(request_id id, std::size_t source) const {
     check_source(source);
-    return src_[source].state[registry_.slot(id)].optional_page;
+    return src_[source].books.slot(registry_.slot(id)).optional_page;
   }
 
  private:
   struct slot_state {
-    std::int64_t frontier = 0;
     std::vector<row_index> hot_row;          // B: row held by each hot slot, -1 if empty
     std::vector<order_index> order;          // B: slots, least recently used first
-    std::vector<page_id> host_pages;         // history page -> host-store page
-    std::vector<std::int32_t> optional_page; // history page -> optional pool page, -1 if not ready
   };
   struct source_data {
     std::vector<std::byte> host_bytes;
-    host_store store;
+    detail::history_books books;                // frontier, host pages and optional pages of every slot
     std::vector<std::vector<std::byte>> pool;  // per payload layer: the simulated GPU pool
     std::vector<bool> layer_pending;
-    std::vector<std::int32_t> free_optional;   // descending: back() is the lowest free page
     std::vector<slot_state> state;             // per request slot
     std::vector<planned_copy> plan;            // host copies of the last resolve
   };
@@ -327,17 +292,10 @@ class host_hierarchy {
     return c;
   }
   [[nodiscard]] static std::size_t page_of(std::int64_t row) { return static_cast<std::size_t>(row) / page_rows; }
-  [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
-    return (static_cast<std::size_t>(rows) + page_rows - 1) / page_rows;
-  }
-  void reset_state(slot_state& st) const {
-    const std::size_t pages = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
-    st.frontier = 0;
+  static void reset_hot(slot_state& st) {
     st.hot_row.assign(hot_rows, no_row);
     st.order.resize(hot_rows);
     for (std::size_t i = 0; i < hot_rows; ++i) st.order[i] = static_cast<order_index>(i);
-    st.host_pages.assign(pages, no_page);
-    st.optional_page.assign(pages, -1);
   }
   static void check_source(std::size_t source) {
     if (source >= sources)
@@ -359,7 +317,8 @@ class host_hierarchy {
     auto& st = src.state[slot];
     const auto& d = Layout::sources[source];
     resolve_stats stats;
-    const std::int64_t tail_begin = st.frontier - static_cast<std::int64_t>(cfg_.tail_rows);
+    const auto& books = src.books.slot(slot);
+    const std::int64_t tail_begin = books.frontier - static_cast<std::int64_t>(cfg_.tail_rows);
 
     // 1. tail and ready optional history
     std::vector<std::size_t> pending;
@@ -369,7 +328,7 @@ class host_hierarchy {
       if (e == no_row) { out[i] = no_location; continue; }
       ++stats.selected;
       if (e >= tail_begin) { out[i] = space_.tail(slot, e); ++stats.direct; continue; }
-      if (const std::int32_t g = st.optional_page[page_of(e)]; g >= 0) {
+      if (const std::int32_t g = books.optional_page[page_of(e)]; g >= 0) {
         out[i] = space_.optional(static_cast<std::size_t>(g), e);
         ++stats.direct;
         continue;
@@ -400,9 +359,9 @@ class host_hierarchy {
       st.hot_row[way] = row;
       hot_slot[row] = static_cast<std::int64_t>(way);
       const location dst = space_.hot(slot, way);
-      const page_id hp = st.host_pages[page_of(row)];
+      const page_id hp = src.books.host_page_of(slot, row);
       for (std::size_t l = 0; l < layers; ++l)
-        std::memcpy(pool_row(source, l, dst), src.store.row(hp, l, row).data(), d.row_bytes);
+        std::memcpy(pool_row(source, l, dst), src.books.store().row(hp, l, row).data(), d.row_bytes);
       src.plan.push_back({slot, row, dst});
     }
     stats.rows_copied = misses.size();

@@ -1,0 +1,147 @@
+#pragma once
+/// \file
+/// Host-side books of one source's request slots, shared by both backends: how many rows each
+/// slot stores, which host-store page holds each history page, which optional pool page serves it,
+/// and the free optional pool. Every operation validates before it changes anything and throws the
+/// typed errors of errors.hpp; the backends only move bytes.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../errors.hpp"
+#include "../host/host_store.hpp"
+#include "../types.hpp"
+
+namespace dhisparse::detail {
+
+class history_books {
+ public:
+  /// What one request slot holds.
+  struct slot_books {
+    std::int64_t frontier = 0;               ///< rows stored
+    std::vector<page_id> host_pages;          ///< history page -> host-store page, no_page if none yet
+    std::vector<std::int32_t> optional_page;  ///< history page -> optional pool page, -1 if none
+  };
+  /// Rows and new history pages of an append.
+  struct append_span {
+    std::int64_t first_row = 0, last_row = 0;  ///< rows [first_row, last_row) were appended
+    std::size_t first_page = 0, last_page = 0;  ///< history pages [first_page, last_page) were allocated
+  };
+
+  history_books() = default;
+  history_books(std::size_t slots, std::size_t max_rows, std::size_t page_rows, std::size_t optional_pages,
+                host_store store)
+      : max_rows_(max_rows), page_rows_(page_rows), store_(std::move(store)), slots_(slots) {
+    for (auto& s : slots_) reset(s);
+    for (std::size_t g = optional_pages; g-- > 0;) free_optional_.push_back(static_cast<std::int32_t>(g));
+  }
+
+  [[nodiscard]] const slot_books& slot(std::size_t s) const { return slots_[s]; }
+  [[nodiscard]] const host_store& store() const { return store_; }
+  [[nodiscard]] std::size_t pages_per_request() const { return pages_for(static_cast<std::int64_t>(max_rows_)); }
+  [[nodiscard]] std::size_t free_optional_pages() const { return free_optional_.size(); }
+  [[nodiscard]] std::size_t page_of(std::int64_t row) const { return static_cast<std::size_t>(row) / page_rows_; }
+  [[nodiscard]] std::size_t pages_for(std::int64_t rows) const {
+    return (static_cast<std::size_t>(rows) + page_rows_ - 1) / page_rows_;
+  }
+  /// Host-store page holding `row` of a slot (the row must exist).
+  [[nodiscard]] page_id host_page_of(std::size_t s, std::int64_t row) const { return slots_[s].host_pages[page_of(row)]; }
+
+  /// Throws unless `count` more rows fit the slot's capacity and the host store. No overflow for
+  /// any `count`.
+  void check_append(request_id id, std::size_t source, std::size_t s, std::size_t count) const {
+    const auto& st = slots_[s];
+    const auto room = static_cast<std::size_t>(static_cast<std::int64_t>(max_rows_) - st.frontier);
+    if (count > room)
+      throw capacity_exceeded("request " + std::to_string(id) + " would hold " +
+                              (count <= SIZE_MAX / 2 ? std::to_string(static_cast<std::size_t>(st.frontier) + count)
+                                                     : std::to_string(count) + " more") +
+                              " rows on source " + std::to_string(source) + ", capacity is " +
+                              std::to_string(max_rows_) + " (" + std::to_string(room) + " left)");
+    const std::int64_t last = st.frontier + static_cast<std::int64_t>(count);
+    const std::size_t pages_needed = pages_for(last) - pages_for(st.frontier);
+    if (pages_needed > store_.free_pages())
+      throw host_pool_exhausted("append of request " + std::to_string(id) + " needs " + std::to_string(pages_needed) +
+                                " host pages on source " + std::to_string(source) + ", " +
+                                std::to_string(store_.free_pages()) + " free");
+  }
+
+  /// Records an append that `check_append` accepted: allocates its host pages and moves the frontier.
+  append_span commit_append(std::size_t s, std::size_t count) {
+    auto& st = slots_[s];
+    append_span a;
+    a.first_row = st.frontier;
+    a.last_row = st.frontier + static_cast<std::int64_t>(count);
+    a.first_page = pages_for(a.first_row);
+    a.last_page = pages_for(a.last_row);
+    for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = store_.allocate();
+    st.frontier = a.last_row;
+    return a;
+  }
+
+  /// Reserves an optional pool page for history page `page` of a slot. Only complete pages qualify.
+  /// Returns the pool page and whether it is new (the caller copies the rows, then publishes the map
+  /// entry), or nullopt when no pool page is free (a wait).
+  std::optional<std::pair<std::int32_t, bool>> take_optional(request_id id, std::size_t source, std::size_t s,
+                                                             std::size_t page) {
+    auto& st = slots_[s];
+    check_page(id, page);
+    if (page >= static_cast<std::size_t>(st.frontier) / page_rows_)
+      throw position_beyond_frontier("page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                     " on source " + std::to_string(source) + " is not complete (" +
+                                     std::to_string(st.frontier) + " rows)");
+    if (st.optional_page[page] >= 0) return std::pair{st.optional_page[page], false};
+    if (free_optional_.empty()) return std::nullopt;
+    const std::int32_t g = free_optional_.back();
+    free_optional_.pop_back();
+    st.optional_page[page] = g;
+    return std::pair{g, true};
+  }
+
+  /// Returns the optional pool page of a history page to the pool; false when it had none.
+  bool release_optional(request_id id, std::size_t s, std::size_t page) {
+    auto& st = slots_[s];
+    check_page(id, page);
+    if (st.optional_page[page] < 0) return false;
+    give_back_optional(st.optional_page[page]);
+    st.optional_page[page] = -1;
+    return true;
+  }
+
+  /// Returns every host and optional page of a slot and empties it (request completion).
+  void release_slot(std::size_t s) {
+    auto& st = slots_[s];
+    for (page_id g : st.host_pages)
+      if (g != no_page) store_.release(g);
+    for (std::int32_t g : st.optional_page)
+      if (g >= 0) give_back_optional(g);
+    reset(st);
+  }
+
+ private:
+  void reset(slot_books& st) const {
+    st.frontier = 0;
+    st.host_pages.assign(pages_per_request(), no_page);
+    st.optional_page.assign(pages_per_request(), -1);
+  }
+  void check_page(request_id id, std::size_t page) const {
+    if (page >= pages_per_request())
+      throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
+                                  " is outside its " + std::to_string(pages_per_request()) + " history pages");
+  }
+  void give_back_optional(std::int32_t g) {  // keep "lowest free page first"
+    free_optional_.insert(std::upper_bound(free_optional_.begin(), free_optional_.end(), g, std::greater<>()), g);
+  }
+
+  std::size_t max_rows_ = 0, page_rows_ = 1;
+  host_store store_;
+  std::vector<slot_books> slots_;
+  std::vector<std::int32_t> free_optional_;  // descending: back() is the lowest free page
+};
+
+}  // namespace dhisparse::detail
