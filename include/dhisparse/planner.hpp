@@ -25,6 +25,7 @@
 
 #include "errors.hpp"
 #include "layout.hpp"
+#include "policies/draft_ring.hpp"
 #include "layouts/deepseek_v41_flash.hpp"
 #include "layouts/glm53.hpp"
 
@@ -265,8 +266,7 @@ struct session_plan {
 /// one request differ by less than R_d, so they never share a row; 0 for `drafters::none`.
 constexpr std::uint64_t draft_ring_rows(const drafter_shape& d) {
   if (!d.present() || d.page_rows == 0) return 0;
-  const std::uint64_t span = d.window + d.max_block + d.page_rows - 1;
-  return d.page_rows * ((span + d.page_rows - 1) / d.page_rows);
+  return dhisparse::draft_ring_rows(d.window, d.max_block, d.page_rows);
 }
 
 /// Whole sessions of `per_session` bytes that fit in `pool` bytes.

@@ -12,6 +12,13 @@
 
 namespace dhisparse {
 
+/// R_d = p * ceil((W + K_max + p - 1) / p): rows one request slot's ring needs for a window of W
+/// positions, a block of up to K_max and page alignment (p >= 1).
+constexpr std::uint64_t draft_ring_rows(std::uint64_t window, std::uint64_t max_block, std::uint64_t page_rows) {
+  const std::uint64_t span = window + max_block + page_rows - 1;
+  return page_rows * ((span + page_rows - 1) / page_rows);
+}
+
 /// Requirements on a draft-ring policy type.
 template <class R>
 concept DraftRingPolicy = requires(std::size_t slot, std::uint64_t position) {
@@ -29,7 +36,7 @@ struct draft_ring {
   static constexpr std::size_t window = W;
   static constexpr std::size_t max_block = KMax;
   static constexpr std::size_t page_rows = P;
-  static constexpr std::size_t rows_per_slot = P * ((W + KMax + P - 1) / P);
+  static constexpr std::size_t rows_per_slot = static_cast<std::size_t>(draft_ring_rows(W, KMax, P));
   /// phi(i, t): physical row of draft position t in request slot i.
   DHISPARSE_HD static constexpr std::size_t address(std::size_t slot, std::uint64_t position) {
     return slot * rows_per_slot + static_cast<std::size_t>(position % rows_per_slot);
