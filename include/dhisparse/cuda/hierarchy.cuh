@@ -161,8 +161,6 @@ class hierarchy {
   [[nodiscard]] std::size_t resolver_shared_bytes() const {
     return detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests);
   }
-  /// Prefetch miss rows into L2 while the metadata CTA ranks them (a tuning switch; off by default).
-  void set_prefetch_misses(bool on) { prefetch_ = on; }
   /// Shape of the copy phase (a tuning switch): warps per CTA that copy (0: all) and rows each
   /// copying warp keeps in flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
   void set_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
@@ -191,6 +189,7 @@ class hierarchy {
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
       src.books.release_slot(slot);
+      DHISPARSE_CUDA_TRY(detail::launch_forget_slot_plan(src.ws, static_cast<int>(slot), stream));
       DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
     }
     registry_.release(id);
@@ -703,7 +702,6 @@ class hierarchy {
     auto& src = src_[source];
     resolve_params p;
     p.layers_to_copy = mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
-    p.prefetch = prefetch_ ? 1u : 0u;
     p.copy_warps = copy_warps_;
     p.rows_per_warp = rows_per_warp_;
     DHISPARSE_CUDA_TRY(
@@ -764,7 +762,6 @@ class hierarchy {
   int sm_count_ = 0;
   int grid_ = 0;
   int pageable_access_ = 0;
-  bool prefetch_ = false;
   unsigned copy_warps_ = 0, rows_per_warp_ = 2;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;

@@ -121,7 +121,6 @@ struct batch_view {
 /// Scalar parameters of one resolver launch.
 struct resolve_params {
   std::uint32_t layers_to_copy = 1;  ///< payload layers materialised (all, or 1 for producer_only)
-  std::uint32_t prefetch = 0;        ///< non-zero: prefetch miss rows into L2 before sorting
   std::uint32_t copy_warps = 0;      ///< warps per CTA that copy (0: all)
   std::uint32_t rows_per_warp = 2;   ///< rows a copying warp keeps in flight (1 or 2)
 };

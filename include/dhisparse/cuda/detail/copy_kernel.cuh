@@ -199,6 +199,20 @@ cudaError_t launch_reset_slots(const source_view<OrderIndex>& src, unsigned firs
 }
 
 // --------------------------------------------------------------------------------------------
+// forget a completed slot's planned copies (its host pages are gone): follower copies skip them
+
+__global__ void forget_slot_plan_kernel(workspace_view ws, int slot) {
+  const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
+  for (unsigned t = blockIdx.x * blockDim.x + threadIdx.x; t < C; t += gridDim.x * blockDim.x)
+    if (ws.errors[t].slot == slot) ws.stats[t].rows_copied = 0;
+}
+
+inline cudaError_t launch_forget_slot_plan(const workspace_view& ws, int slot, cudaStream_t stream) {
+  forget_slot_plan_kernel<<<1, simple_block_threads, 0, stream>>>(ws, slot);
+  return cudaGetLastError();
+}
+
+// --------------------------------------------------------------------------------------------
 
 template <class T>
 __global__ void store_value_kernel(T* where, T value) {

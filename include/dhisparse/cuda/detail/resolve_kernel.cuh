@@ -176,7 +176,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
 
   // Round trip 1: the entry's slot and length and, in the strided layout, the selection itself
   // (read up to the stride, which is in bounds; entries past the length are ignored).
-  const bool gathered = batch.selection_ptrs != nullptr;
+  const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
   row_index e[KPT];
 #pragma unroll
   for (int k = 0; k < KPT; ++k) e[k] = no_row;
@@ -678,7 +678,9 @@ cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity) {
   const std::size_t smem = resolve_shared_bytes<Traits>(capacity);
   if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
   auto kernel = fused_resolve_kernel<Traits, OrderIndex>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  // The attribute belongs to the kernel, not to one hierarchy: allow the device maximum, so a
+  // later hierarchy of the same type with a smaller workspace cannot shrink this one's limit.
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err != cudaSuccess) return err;
   int per_sm = 0;
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Traits::block_threads, smem);
