@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(simple_block_threads)
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const unsigned warps = (gridDim.x * blockDim.x) >> 5;
   const unsigned vecs = src.row_bytes / 16u;
-  const unsigned units = count * src.layers;
+  const std::uint64_t units = static_cast<std::uint64_t>(count) * src.layers;  // no 32-bit wrap
   const std::int64_t tail_begin = last - static_cast<std::int64_t>(src.tail_rows);
-  for (unsigned u = warp; u < units; u += warps) {
-    const unsigned l = u / count, i = u - l * count;
+  for (std::uint64_t u = warp; u < units; u += warps) {
+    const auto l = static_cast<unsigned>(u / count), i = static_cast<unsigned>(u - static_cast<std::uint64_t>(l) * count);
     const std::int64_t r = first + i;
     const auto* in = reinterpret_cast<const int4*>(rows + (static_cast<std::size_t>(l) * count + i) * src.row_bytes);
     const std::int32_t hp =
@@ -121,11 +121,12 @@ __global__ void __launch_bounds__(simple_block_threads)
 template <class OrderIndex>
 cudaError_t launch_append(const source_view<OrderIndex>& src, unsigned slot, const std::byte* rows, std::int64_t first,
                           unsigned count, std::int64_t last, int max_grid, cudaStream_t stream) {
-  const unsigned units = count * src.layers;
+  const std::uint64_t units = static_cast<std::uint64_t>(count) * src.layers;
   const unsigned warps_per_block = simple_block_threads / 32;
-  unsigned grid = (units + warps_per_block - 1) / warps_per_block;
-  if (grid == 0) grid = 1;
-  if (grid > static_cast<unsigned>(max_grid)) grid = static_cast<unsigned>(max_grid);
+  std::uint64_t blocks = (units + warps_per_block - 1) / warps_per_block;
+  if (blocks == 0) blocks = 1;
+  if (blocks > static_cast<std::uint64_t>(max_grid)) blocks = static_cast<std::uint64_t>(max_grid);
+  const auto grid = static_cast<unsigned>(blocks);
   append_kernel<OrderIndex><<<grid, simple_block_threads, 0, stream>>>(src, slot, rows, first, count, last);
   return cudaGetLastError();
 }
