@@ -28,15 +28,20 @@
 #include <dhisparse/planner.hpp>
 #include <dhisparse/workload/selection_generator.hpp>
 
+#include "demo_workload.hpp"
+
 namespace {
 
 using namespace dhisparse;
-using layout = layouts::demo;
+using demo::layout;
+using demo::fill_row;
+using demo::fill_rows;
+using demo::demo_selection_params;
 using clock_type = std::chrono::steady_clock;
 
 constexpr int exit_ok = 0, exit_mismatch = 1, exit_bad_arguments = 2, exit_library_error = 3;
 constexpr std::size_t sources = source_count<layout>;
-constexpr std::size_t row_bytes = layout::payload_row_bytes;  // every source of the demo layout
+using demo::row_bytes;
 constexpr std::size_t import_chunk_rows = 1024;               // rows per append call while importing
 constexpr std::size_t bytes_per_mib = std::size_t{1} << 20;
 
@@ -141,35 +146,6 @@ std::string parse(int argc, char** argv, options& o) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Synthetic row contents: every byte of row `row` of payload layer `layer` of source `source` of
-// request number `r` is a function of those numbers and the seed, so any copy can be checked
-// against the original without keeping one.
-// ---------------------------------------------------------------------------------------------
-
-void fill_row(std::byte* dst, std::uint64_t seed, std::size_t r, std::size_t source, std::size_t layer,
-              std::int64_t row) {
-  using workload::mix64;
-  const std::uint64_t key =
-      mix64(seed ^ mix64((static_cast<std::uint64_t>(r) << 40) ^ (static_cast<std::uint64_t>(source) << 32) ^
-                         (static_cast<std::uint64_t>(layer) << 24)) ^
-            static_cast<std::uint64_t>(row));
-  for (std::size_t w = 0; w < row_bytes / sizeof(std::uint64_t); ++w) {
-    const std::uint64_t word = mix64(key + w);
-    std::memcpy(dst + w * sizeof(word), &word, sizeof(word));
-  }
-}
-
-/// `count` rows starting at `first` of every payload layer of a source, in append()'s layout.
-void fill_rows(std::vector<std::byte>& buf, std::uint64_t seed, std::size_t r, std::size_t source, std::int64_t first,
-               std::size_t count) {
-  const std::size_t layers = layout::sources[source].payload_layers;
-  buf.resize(layers * count * row_bytes);
-  for (std::size_t l = 0; l < layers; ++l)
-    for (std::size_t i = 0; i < count; ++i)
-      fill_row(buf.data() + (l * count + i) * row_bytes, seed, r, source, l, first + static_cast<std::int64_t>(i));
-}
-
-// ---------------------------------------------------------------------------------------------
 // Statistics and printing
 // ---------------------------------------------------------------------------------------------
 
@@ -246,20 +222,6 @@ void print_memory_row(const char* label, const session_plan& p, bool in_gib) {
 /// Selection shape for top-k 256 over a 16K-row history: 4 sink rows, a quarter of k from the 512
 /// newest rows, at least 15% uniform over the history, the rest from a slowly drifting set of
 /// heavy hitters (about 1.7 of 167 replaced per step).
-workload::selection_params demo_selection_params() {
-  workload::selection_params p;
-  p.top_k = layout::top_k;
-  p.sink_rows = 4;
-  p.recent_share = 0.25;
-  p.recent_window = 512;
-  p.random_share = 0.15;
-  p.heavy_select_probability = 0.9;
-  p.drift_rate = 0.01;
-  p.drift_recent_bias = 0.5;
-  p.drift_recent_rows = 2048;
-  p.remembered_steps = 0;  // the demo does not use the miss-target mode
-  return p;
-}
 
 template <std::size_t B>
 int run(const options& o) {
