@@ -432,10 +432,15 @@ class hierarchy {
     const auto [g, fresh] = *taken;
     if (!fresh) return true;
     // Copy, then publish the map entry behind the copy in stream order.
-    DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, src.books.slot(slot).host_pages[page],
-                                                    static_cast<unsigned>(page), g, stream));
-    DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
-        src.view.optional_page + slot * pages_per_request_ + page, g, stream));
+    try {
+      DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, src.books.slot(slot).host_pages[page],
+                                                      static_cast<unsigned>(page), g, stream));
+      DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
+          src.view.optional_page + slot * pages_per_request_ + page, g, stream));
+    } catch (...) {
+      src.books.release_optional(id, slot, page);  // not published: the page goes back to the pool
+      throw;
+    }
     return true;
   }
   bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
@@ -689,14 +694,19 @@ class hierarchy {
                       cudaStream_t stream) {
     auto& src = src_[source];
     const auto a = src.books.commit_append(slot, count);
-    if (a.last_page > a.first_page)
-      // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.
-      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
-                                         src.books.slot(slot).host_pages.data() + a.first_page,
-                                         (a.last_page - a.first_page) * sizeof(std::int32_t), cudaMemcpyHostToDevice,
-                                         stream));
-    DHISPARSE_CUDA_TRY(detail::launch_append(src.view, static_cast<unsigned>(slot), rows, a.first_row,
-                                             static_cast<unsigned>(count), a.last_row, sm_count_ * 8, stream));
+    try {
+      if (a.last_page > a.first_page)
+        // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.
+        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
+                                           src.books.slot(slot).host_pages.data() + a.first_page,
+                                           (a.last_page - a.first_page) * sizeof(std::int32_t),
+                                           cudaMemcpyHostToDevice, stream));
+      DHISPARSE_CUDA_TRY(detail::launch_append(src.view, static_cast<unsigned>(slot), rows, a.first_row,
+                                               static_cast<unsigned>(count), a.last_row, sm_count_ * 8, stream));
+    } catch (...) {
+      src.books.undo_append(slot, a);  // the books follow the device: nothing was appended
+      throw;
+    }
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
     auto& src = src_[source];

@@ -84,6 +84,17 @@ class history_books {
     return a;
   }
 
+  /// Undoes the most recent `commit_append` of a slot (when moving its bytes failed): its host pages
+  /// return to the store and the frontier moves back.
+  void undo_append(std::size_t s, const append_span& a) {
+    auto& st = slots_[s];
+    for (std::size_t g = a.first_page; g < a.last_page; ++g) {
+      store_.release(st.host_pages[g]);
+      st.host_pages[g] = no_page;
+    }
+    st.frontier = a.first_row;
+  }
+
   /// Reserves an optional pool page for history page `page` of a slot. Only complete pages qualify.
   /// Returns the pool page and whether it is new (the caller copies the rows, then publishes the map
   /// entry), or nullopt when no pool page is free (a wait).
