@@ -22,6 +22,13 @@ enum class errc {
   duplicate_in_batch,        ///< one request appears twice in a batched call
   invalid_configuration,     ///< configuration values that cannot work together
   device_error,              ///< a CUDA runtime call failed
+  // Speculative verification (appended: the CUDA backend encodes errc numerically).
+  block_too_wide,            ///< a staged block or a verify round wider than max_block (K_max) or than the staged block
+  no_staged_block,           ///< verify of a request/source with no staged block
+  position_not_visible,      ///< a verification query selects a position it cannot see (a later block position)
+  commit_without_verify,     ///< commit of a request/source with no verify since its last stage_block
+  acceptance_beyond_block,   ///< commit accepts more proposals than the verified round had (accepted > K_r - 1)
+  packed_rows_unsupported,   ///< speculative calls on a source that packs several positions per row (m > 1)
 };
 
 /// Short name of an error category, for messages and logs.
@@ -40,6 +47,12 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::duplicate_in_batch: return "duplicate_in_batch";
     case errc::invalid_configuration: return "invalid_configuration";
     case errc::device_error: return "device_error";
+    case errc::block_too_wide: return "block_too_wide";
+    case errc::no_staged_block: return "no_staged_block";
+    case errc::position_not_visible: return "position_not_visible";
+    case errc::commit_without_verify: return "commit_without_verify";
+    case errc::acceptance_beyond_block: return "acceptance_beyond_block";
+    case errc::packed_rows_unsupported: return "packed_rows_unsupported";
   }
   return "unknown";
 }
@@ -74,6 +87,12 @@ using pending_follower_copies = typed_error<errc::pending_follower_copies>;
 using duplicate_in_batch = typed_error<errc::duplicate_in_batch>;
 using invalid_configuration = typed_error<errc::invalid_configuration>;
 using device_error = typed_error<errc::device_error>;
+using block_too_wide = typed_error<errc::block_too_wide>;
+using no_staged_block = typed_error<errc::no_staged_block>;
+using position_not_visible = typed_error<errc::position_not_visible>;
+using commit_without_verify = typed_error<errc::commit_without_verify>;
+using acceptance_beyond_block = typed_error<errc::acceptance_beyond_block>;
+using packed_rows_unsupported = typed_error<errc::packed_rows_unsupported>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -91,6 +110,12 @@ using device_error = typed_error<errc::device_error>;
     case errc::duplicate_in_batch: throw duplicate_in_batch(what);
     case errc::invalid_configuration: throw invalid_configuration(what);
     case errc::device_error: throw device_error(what);
+    case errc::block_too_wide: throw block_too_wide(what);
+    case errc::no_staged_block: throw no_staged_block(what);
+    case errc::position_not_visible: throw position_not_visible(what);
+    case errc::commit_without_verify: throw commit_without_verify(what);
+    case errc::acceptance_beyond_block: throw acceptance_beyond_block(what);
+    case errc::packed_rows_unsupported: throw packed_rows_unsupported(what);
   }
   throw error(code, what);
 }

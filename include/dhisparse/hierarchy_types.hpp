@@ -16,6 +16,7 @@ struct hierarchy_config {
   std::size_t host_pages = 0;      ///< host-store pages per source; 0 = every slot at full capacity
   std::size_t tail_rows = 0;       ///< T: tail ring rows per slot and source; 0 = one page
   std::size_t optional_pages = 0;  ///< P: optional-history pages per source in the GPU pool
+  std::size_t max_block = 1;       ///< K_max: widest speculative block (anchor + proposals); 1 = no speculation
 };
 
 /// Which payload layers a resolver call materialises.
@@ -36,6 +37,36 @@ struct resolve_item {
   request_id request = 0;
   std::span<const row_index> selection;  ///< ordered top-k, -1 padded, at most top_k entries
   std::span<location> locations;         ///< same length as selection
+};
+
+/// One request's part of a speculative verify call (host backend): K_r = queries.size() target
+/// queries, query j at position frontier + j (j = 0 is the anchor).
+struct verify_item {
+  request_id request = 0;
+  std::span<const std::span<const row_index>> queries;  ///< K_r ordered selections, -1 padded, <= top_k each
+  std::span<const std::span<location>> locations;       ///< K_r outputs, each as long as its query
+};
+
+/// Where the entries of a verify call were found. Entry counts are per selection entry over every
+/// query; `rows_copied`, `bytes_copied` and `staging_rows` count distinct rows of the union.
+struct verify_stats {
+  std::size_t selected = 0;      ///< entries other than -1
+  std::size_t direct = 0;        ///< entries in the committed tail, a ready optional page or the block
+  std::size_t block = 0;         ///< of `direct`: entries naming a (tentative) block position
+  std::size_t hot = 0;           ///< entries whose row was already in the hot cache
+  std::size_t host = 0;          ///< entries whose row was recovered from host memory by this call
+  std::size_t staged = 0;        ///< of `host`: entries served from verification staging
+  std::size_t rows_copied = 0;   ///< distinct rows copied from host (each exactly once)
+  std::size_t bytes_copied = 0;  ///< bytes copied from host over every payload layer materialised
+  std::size_t staging_rows = 0;  ///< distinct rows placed in staging (overflow past the hot cache)
+
+  constexpr verify_stats& operator+=(const verify_stats& o) {
+    selected += o.selected; direct += o.direct; block += o.block; hot += o.hot; host += o.host;
+    staged += o.staged; rows_copied += o.rows_copied; bytes_copied += o.bytes_copied;
+    staging_rows += o.staging_rows;
+    return *this;
+  }
+  friend constexpr bool operator==(const verify_stats&, const verify_stats&) = default;
 };
 
 /// A host row recovered into a hot-cache location by the last resolve of a source; follower

@@ -2,10 +2,13 @@
 /// \file
 /// Geometry of a source's GPU payload pool, shared by both backends. Locations are row indices:
 ///
-///   [ hot cache: N slots x B rows | tail: N slots x T rows | optional history: P pages x p rows ]
+///   [ hot cache: N slots x B rows | tail: N slots x T rows | optional history: P pages x p rows
+///     | verification staging: N slots x S rows ]
 ///
 /// so one int32 location addresses the same row in every payload layer of the source, and an
 /// attention kernel reads row `loc` of layer l at `layer_base(l) + loc * row_bytes`.
+/// With speculative verification (max_block K_max > 1) the tail ring holds T + K_max rows (the
+/// committed window plus one tentative block) and S = K_max * top_k; otherwise S = 0 and nothing moves.
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -23,6 +26,7 @@ struct location_space {
   std::size_t tail_rows = 0;       ///< T: tail rows per slot (a ring over the newest rows)
   std::size_t optional_pages = 0;  ///< P: pages of optional history shared by all slots
   std::size_t page_rows = 0;       ///< p: rows per page
+  std::size_t staging_rows = 0;    ///< S: verification staging rows per slot (K_max * top_k; 0 without speculation)
 
   DHISPARSE_HD constexpr location hot(std::size_t slot, std::size_t way) const {
     return static_cast<location>(slot * hot_rows + way);
@@ -34,9 +38,13 @@ struct location_space {
     return static_cast<location>(slots * (hot_rows + tail_rows) + page * page_rows +
                                  static_cast<std::size_t>(row) % page_rows);
   }
+  /// Staging row `i` (0 <= i < staging_rows) of a slot: overflow rows of a verification union.
+  DHISPARSE_HD constexpr location staging(std::size_t slot, std::size_t i) const {
+    return static_cast<location>(slots * (hot_rows + tail_rows) + optional_pages * page_rows + slot * staging_rows + i);
+  }
   /// Rows of one payload layer's pool.
   DHISPARSE_HD constexpr std::size_t rows() const {
-    return slots * (hot_rows + tail_rows) + optional_pages * page_rows;
+    return slots * (hot_rows + tail_rows) + optional_pages * page_rows + slots * staging_rows;
   }
   /// True when every location fits a non-negative int32.
   constexpr bool addressable() const {

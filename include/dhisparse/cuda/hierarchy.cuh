@@ -561,6 +561,9 @@ class hierarchy {
     if (c.max_requests == 0) throw invalid_configuration("max_requests must be at least 1");
     if (c.max_rows == 0) throw invalid_configuration("max_rows must be at least 1");
     if (c.max_rows > static_cast<std::size_t>(INT32_MAX)) throw invalid_configuration("max_rows exceeds int32 rows");
+    if (c.max_block != 1)
+      throw invalid_configuration("the CUDA backend does not verify speculative blocks yet (max_block must be 1; the "
+                                  "host reference hierarchy supports max_block > 1)");
     if (c.max_requests > max_request_slots)
       throw invalid_configuration("the CUDA backend supports at most " + std::to_string(max_request_slots) +
                                   " request slots (the follower copy scans the batch in shared memory)");

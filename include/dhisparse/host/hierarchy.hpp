@@ -12,6 +12,12 @@
 ///  3. missing rows (ascending row index) take the least recently used unprotected slots and are
 ///     copied from the host store; locations are written in the selection's own order, -1 passes.
 /// Every public call validates first and throws a typed error with the state unchanged.
+///
+/// Speculative verification (hierarchy_config::max_block = K_max > 1; docs/speculative.md):
+/// `stage_block` writes a tentative block (anchor + proposals) into the tail ring past the
+/// committed window, `verify` resolves K_r queries of one round against one retrieval union (hot
+/// cache first, overflow into per-slot staging), `commit` publishes the anchor and the accepted
+/// proposals into the host store and moves the frontier. With K_max = 1 nothing changes.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -57,7 +63,10 @@ class host_hierarchy {
   static constexpr std::size_t page_rows = Layout::page_rows;
 
   explicit host_hierarchy(const hierarchy_config& cfg) : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
-    space_ = location_space{cfg_.max_requests, hot_rows, cfg_.tail_rows, cfg_.optional_pages, page_rows};
+    // The ring holds the committed window (T rows) plus one tentative block when speculating.
+    const std::size_t ring_rows = cfg_.tail_rows + (cfg_.max_block > 1 ? cfg_.max_block : 0);
+    const std::size_t staging_rows = cfg_.max_block > 1 ? cfg_.max_block * top_k : 0;
+    space_ = location_space{cfg_.max_requests, hot_rows, ring_rows, cfg_.optional_pages, page_rows, staging_rows};
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
     for (std::size_t s = 0; s < sources; ++s) {
@@ -120,6 +129,7 @@ class host_hierarchy {
                           std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
     const auto a = src.books.commit_append(slot, count);
+    close_round(src.state[slot]);  // the history moved on: a staged block is superseded
     for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - a.first_row)) * d.row_bytes;
@@ -166,6 +176,111 @@ class host_hierarchy {
     if (mode == copy_layers::producer_only)
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
     return total;
+  }
+
+  /// Stages the target's KV of a speculative block: positions frontier .. frontier+count-1 (the
+  /// anchor and count-1 proposals), laid out `[payload layer][count][row_bytes]` like `append`.
+  /// The rows enter the tail ring only (not the host store; the frontier stays). Replaces an
+  /// unverified or uncommitted previous block of the request/source. 1 <= count <= max_block.
+  void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    check_speculative(source);
+    const std::size_t slot = registry_.slot(id);
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
+    const std::int64_t f = src.books.slot(slot).frontier;
+    if (count == 0)
+      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                          " with no rows (a block holds at least the anchor)");
+    if (count > cfg_.max_block)
+      throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                           " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
+    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - f))
+      throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                              ": positions " + std::to_string(f) + " .. " +
+                              std::to_string(f + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
+                              std::to_string(cfg_.max_rows) + " rows");
+    if (rows.size() != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                          " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
+                          " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+    for (std::size_t i = 0; i < count; ++i)
+      for (std::size_t l = 0; l < d.payload_layers; ++l)
+        std::memcpy(pool_row(source, l, space_.tail(slot, f + static_cast<std::int64_t>(i))),
+                    rows.data() + (l * count + i) * d.row_bytes, d.row_bytes);
+    auto& st = src.state[slot];
+    st.staged = count;
+    st.verified = 0;
+  }
+
+  /// Verifies one speculative round of a batch of requests on one source; see the file comment and
+  /// docs/speculative.md. The whole batch is validated before any state changes.
+  verify_stats verify(std::size_t source, std::span<const verify_item> batch, copy_layers mode = copy_layers::all) {
+    check_speculative(source);
+    auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+    std::vector<std::size_t> slots;
+    slots.reserve(batch.size());
+    for (const auto& item : batch) {
+      const std::size_t slot = registry_.slot(item.request);
+      if (std::find(slots.begin(), slots.end(), slot) != slots.end())
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one verify batch");
+      validate_round(source, slot, item);
+      slots.push_back(slot);
+    }
+    src.plan.clear();
+    verify_stats total;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      total += verify_one(source, slots[b], batch[b], mode);
+      src.state[slots[b]].verified = batch[b].queries.size();
+    }
+    if (mode == copy_layers::producer_only)
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+    return total;
+  }
+
+  /// Verifies one request's round; see the batched overload.
+  verify_stats verify(request_id id, std::size_t source, std::span<const std::span<const row_index>> queries,
+                      std::span<const std::span<location>> locations, copy_layers mode = copy_layers::all) {
+    verify_item item{id, queries, locations};
+    return verify(source, std::span<const verify_item>(&item, 1), mode);
+  }
+
+  /// Commits a verified round: the anchor and `accepted` proposals (positions frontier ..
+  /// frontier+accepted) enter the host store from the tail ring and the frontier moves by
+  /// accepted+1; the rest of the block is discarded. 0 <= accepted <= K_r - 1 of the last verify.
+  void commit(request_id id, std::size_t source, std::size_t accepted) {
+    check_speculative(source);
+    const std::size_t slot = registry_.slot(id);
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
+    auto& st = src.state[slot];
+    if (st.staged == 0 || st.verified == 0)
+      throw commit_without_verify("commit of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                                  " without a verify since its last stage_block");
+    if (accepted >= st.verified)
+      throw acceptance_beyond_block("commit of request " + std::to_string(id) + " on source " +
+                                    std::to_string(source) + " accepts " + std::to_string(accepted) +
+                                    " proposals, the verified round had " + std::to_string(st.verified - 1));
+    src.books.check_append(id, source, slot, accepted + 1);
+    const auto a = src.books.commit_append(slot, accepted + 1);
+    for (std::int64_t r = a.first_row; r < a.last_row; ++r)
+      for (std::size_t l = 0; l < d.payload_layers; ++l)
+        std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(),
+                    pool_row(source, l, space_.tail(slot, r)), d.row_bytes);
+    close_round(st);
+  }
+
+  /// Rows of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
+  [[nodiscard]] std::size_t staged_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].staged;
+  }
+  [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].state[registry_.slot(id)].verified;
   }
 
   /// Replays the last resolve's host copies of `source` into follower payload `layer` (layer-wise
@@ -271,6 +386,8 @@ class host_hierarchy {
   struct slot_state {
     std::vector<row_index> hot_row;          // B: row held by each hot slot, -1 if empty
     std::vector<order_index> order;          // B: slots, least recently used first
+    std::size_t staged = 0;                  // rows of the staged speculative block, 0 if none
+    std::size_t verified = 0;                // K_r of the last verify since staging, 0 if none
   };
   struct source_data {
     std::vector<std::byte> host_bytes;
@@ -286,6 +403,8 @@ class host_hierarchy {
     if (c.max_rows == 0) throw invalid_configuration("max_rows must be at least 1");
     if (c.max_rows > static_cast<std::size_t>(INT32_MAX)) throw invalid_configuration("max_rows exceeds int32 rows");
     if (c.tail_rows == 0) c.tail_rows = page_rows;
+    if (c.max_block == 0) throw invalid_configuration("max_block must be at least 1");
+    if (c.max_block > c.max_rows) throw invalid_configuration("max_block exceeds max_rows");
     const std::size_t pages_per_request = (c.max_rows + page_rows - 1) / page_rows;
     if (c.host_pages == 0) c.host_pages = c.max_requests * pages_per_request;
     return c;
@@ -295,6 +414,63 @@ class host_hierarchy {
     st.hot_row.assign(hot_rows, no_row);
     st.order.resize(hot_rows);
     for (std::size_t i = 0; i < hot_rows; ++i) st.order[i] = static_cast<order_index>(i);
+    close_round(st);
+  }
+  static void close_round(slot_state& st) {
+    st.staged = 0;
+    st.verified = 0;
+  }
+  void check_speculative(std::size_t source) const {
+    check_source(source);
+    if (Layout::sources[source].positions_per_row != 1)
+      throw packed_rows_unsupported("source " + std::to_string(source) + " packs " +
+                                    std::to_string(Layout::sources[source].positions_per_row) +
+                                    " positions per row; speculative verification supports m = 1 sources only (not yet)");
+    if (cfg_.max_block < 2)
+      throw invalid_configuration("speculative calls need hierarchy_config::max_block >= 2 (the tail ring has no "
+                                  "room for a block); with max_block = 1 use append and resolve");
+  }
+
+  /// Throws the typed error for the first problem of one request's verify round.
+  void validate_round(std::size_t source, std::size_t slot, const verify_item& item) const {
+    const auto& st = src_[source].state[slot];
+    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    const std::string who = "verify of request " + std::to_string(item.request) + " on source " + std::to_string(source);
+    const std::size_t kr = item.queries.size();
+    if (kr == 0) throw size_mismatch(who + " has no queries (K_r >= 1: the anchor)");
+    if (item.locations.size() != kr)
+      throw size_mismatch(who + ": " + std::to_string(item.locations.size()) + " location lists for " +
+                          std::to_string(kr) + " queries");
+    if (kr > cfg_.max_block)
+      throw block_too_wide(who + " with K_r = " + std::to_string(kr) + ", max_block is " + std::to_string(cfg_.max_block));
+    if (st.staged == 0) throw no_staged_block(who + " without a staged block");
+    if (kr > st.staged)
+      throw block_too_wide(who + " with K_r = " + std::to_string(kr) + " queries, the staged block has " +
+                           std::to_string(st.staged) + " positions");
+    const auto max_rows = static_cast<std::int64_t>(cfg_.max_rows);
+    for (std::size_t j = 0; j < kr; ++j) {
+      const auto q = item.queries[j];
+      if (item.locations[j].size() != q.size())
+        throw size_mismatch(who + ": query " + std::to_string(j) + " has " + std::to_string(q.size()) +
+                            " entries and " + std::to_string(item.locations[j].size()) + " location entries");
+      if (q.size() > top_k)
+        throw selection_too_long(who + ": query " + std::to_string(j) + " has " + std::to_string(q.size()) +
+                                 " entries, top_k is " + std::to_string(top_k));
+      const std::int64_t visible_end = f + static_cast<std::int64_t>(j) + 1;  // query j sees rows < f + j + 1
+      for (std::size_t i = 0; i < q.size(); ++i) {
+        const row_index e = q[i];
+        if (e == no_row) continue;
+        if (e < 0 || e >= max_rows)
+          throw position_out_of_range(who + ": query " + std::to_string(j) + " entry " + std::to_string(i) +
+                                      " is row " + std::to_string(e) + ", outside [0, " + std::to_string(max_rows) +
+                                      ") and not -1");
+        if (e >= visible_end)
+          throw position_not_visible(who + ": query " + std::to_string(j) + " (position " +
+                                     std::to_string(f + static_cast<std::int64_t>(j)) + ") entry " +
+                                     std::to_string(i) + " selects row " + std::to_string(e) +
+                                     ", which it cannot see");
+      }
+    }
   }
   static void check_source(std::size_t source) {
     if (source >= sources)
@@ -371,6 +547,96 @@ class host_hierarchy {
       const row_index e = selection[i];
       out[i] = space_.hot(slot, static_cast<std::size_t>(hot_slot[e]));
       ++(missed.contains(e) ? stats.host : stats.hot);
+    }
+    return stats;
+  }
+
+  verify_stats verify_one(std::size_t source, std::size_t slot, const verify_item& item, copy_layers mode) {
+    auto& src = src_[source];
+    auto& st = src.state[slot];
+    const auto& d = Layout::sources[source];
+    verify_stats stats;
+    const auto& books = src.books.slot(slot);
+    const std::int64_t f = books.frontier;
+    const std::int64_t tail_begin = f - static_cast<std::int64_t>(cfg_.tail_rows);
+
+    // 1. block rows, committed tail rows and ready optional history resolve directly
+    std::vector<std::pair<std::size_t, std::size_t>> pending;  // (query, entry)
+    std::unordered_map<row_index, std::int64_t> hot_slot;      // distinct union row -> hot way (-1: missing)
+    for (std::size_t j = 0; j < item.queries.size(); ++j) {
+      const auto q = item.queries[j];
+      const auto out = item.locations[j];
+      for (std::size_t i = 0; i < q.size(); ++i) {
+        const row_index e = q[i];
+        if (e == no_row) { out[i] = no_location; continue; }
+        ++stats.selected;
+        if (e >= tail_begin) {  // committed tail (< f) or a block row (f .. f+j): both in the ring
+          out[i] = space_.tail(slot, e);
+          ++stats.direct;
+          if (e >= f) ++stats.block;
+          continue;
+        }
+        if (const std::int32_t g = books.optional_page[page_of(e)]; g >= 0) {
+          out[i] = space_.optional(static_cast<std::size_t>(g), e);
+          ++stats.direct;
+          continue;
+        }
+        pending.emplace_back(j, i);
+        hot_slot.emplace(e, -1);
+      }
+    }
+    if (pending.empty()) return stats;  // every entry direct: no hot-cache scan
+
+    // 2. hot-cache scan over the union: protect selected rows
+    std::vector<unsigned char> is_hit(hot_rows, 0);
+    std::size_t hits = 0;
+    for (std::size_t w = 0; w < hot_rows; ++w)
+      if (auto it = hot_slot.find(st.hot_row[w]); st.hot_row[w] != no_row && it != hot_slot.end()) {
+        it->second = static_cast<std::int64_t>(w);
+        is_hit[w] = 1;
+        ++hits;
+      }
+
+    // 3. misses (ascending) take the LRU unprotected ways; the rest overflow into staging
+    std::vector<row_index> misses;
+    for (const auto& [row, w] : hot_slot)
+      if (w < 0) misses.push_back(row);
+    std::sort(misses.begin(), misses.end());
+    const std::size_t to_hot = std::min(misses.size(), hot_rows - hits);
+    const auto victims = detail::lru_take_victims<order_index>(st.order, is_hit, to_hot);
+    const std::size_t layers = mode == copy_layers::all ? d.payload_layers : 1;
+    std::unordered_map<row_index, location> placed;  // missing row -> its location this round
+    for (std::size_t t = 0; t < misses.size(); ++t) {
+      const row_index row = misses[t];
+      location dst;
+      if (t < to_hot) {
+        const std::size_t way = victims[t];
+        st.hot_row[way] = row;
+        hot_slot[row] = static_cast<std::int64_t>(way);
+        dst = space_.hot(slot, way);
+      } else {
+        dst = space_.staging(slot, t - to_hot);  // |U| <= K_r * top_k: within the slot's staging
+      }
+      const page_id hp = src.books.host_page_of(slot, row);
+      for (std::size_t l = 0; l < layers; ++l)
+        std::memcpy(pool_row(source, l, dst), src.books.store().row(hp, l, row).data(), d.row_bytes);
+      src.plan.push_back({slot, row, dst});
+      placed.emplace(row, dst);
+    }
+    stats.rows_copied = misses.size();
+    stats.bytes_copied = misses.size() * layers * d.row_bytes;
+    stats.staging_rows = misses.size() - to_hot;
+
+    for (const auto& [j, i] : pending) {
+      const row_index e = item.queries[j][i];
+      if (auto it = placed.find(e); it != placed.end()) {
+        item.locations[j][i] = it->second;
+        ++stats.host;
+        if (hot_slot[e] < 0) ++stats.staged;
+      } else {
+        item.locations[j][i] = space_.hot(slot, static_cast<std::size_t>(hot_slot[e]));
+        ++stats.hot;
+      }
     }
     return stats;
   }
