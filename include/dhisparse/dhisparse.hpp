@@ -5,6 +5,7 @@
 #include "hierarchy_types.hpp"
 #include "host/hierarchy.hpp"
 #include "host/host_store.hpp"
+#include "host/residency_manager.hpp"
 #include "layout.hpp"
 #include "layouts/deepseek_v41_flash.hpp"
 #include "layouts/glm53.hpp"

@@ -1,0 +1,478 @@
+#pragma once
+/// \file
+/// Load-adaptive residency on the host reference hierarchy (paper §3.1-3.2, docs/residency.md):
+/// optional history, resident-first admission and whole-request reclaim, as a component that owns a
+/// `host_hierarchy` and the memory ledger of each source's optional pool.
+///
+/// Ledger, per source, in optional-pool pages (M = hierarchy_config::optional_pages):
+///   M_req = sum over admitted requests of residency_config::required_pages (plus, under a policy
+///           that pins history, the request's reserved history pages not yet mapped),
+///   M_opt = optional pages mapped (the hierarchy's optional maps),
+///   M_res = residency_config::reserve_pages,
+/// and Invariant 3 is `M_req + M_opt + M_res <= M` after every public call (`invariant_holds`,
+/// `audit`). Optional pages are only ever mapped into the spare `M - M_req - M_opt - M_res`.
+///
+/// - `admit(id, history)`: resident-first admission. If the admission's required pages leave a
+///   deficit of Δ_s pages on some source, whole requests are walked in the policy's reclaim order
+///   and the first q holding optional pages whose pages cover every Δ_s lose *all* their optional
+///   pages (every source); the others keep theirs (requests holding none are passed over). If the optional pages cannot cover Δ (or no slot / host page
+///   is free), the call returns a wait status and nothing changes. Otherwise the request is
+///   admitted, its prefilled history imported through `append`, and complete pages of the imported
+///   history are mapped as optional history, newest page first, while spare pages remain
+///   (a pinning policy maps every complete page).
+/// - `complete(id)`: releases the request's slot, host pages, optional pages and required pages.
+/// - `repopulate()`: bounded round-robin refill: at most `pages_per_attempt` pages a call, one page
+///   per (request, source) per turn, newest unmapped eligible page first, starting after the last
+///   request served by the previous call.
+///
+/// Invariant 1 holds trivially on the host backend: `append` writes every row's host copy
+/// synchronously, so reclaim never has to wait for a backup. Deferred host backup (resident-first
+/// on a GPU) is a CUDA-backend concern and is not modelled here.
+///
+/// Use `hierarchy()` for `resolve`, `copy_follower` and reads, and this class's `append` (or the
+/// hierarchy's) for decode rows; never admit, complete, map or unmap through the hierarchy
+/// directly, or the ledger and the optional maps disagree (`audit` reports it).
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../errors.hpp"
+#include "../hierarchy_types.hpp"
+#include "../layout.hpp"
+#include "../policies/residency.hpp"
+#include "../types.hpp"
+
+namespace dhisparse {
+
+/// Sizes of the residency ledger (per source, in optional-pool pages).
+struct residency_config {
+  std::size_t required_pages = 0;  ///< required allocation of each admitted request on each source
+  std::size_t reserve_pages = 0;   ///< M_res: admission reserve, never lent to optional history
+};
+
+/// Outcome of `residency_manager::admit`. Every status but `admitted` is a wait: nothing changed,
+/// the engine retries later (after a completion, for example).
+enum class admit_status : std::uint8_t {
+  admitted,
+  wait_for_slot,        ///< every request slot of the hierarchy is taken
+  wait_for_memory,      ///< the optional pages of all admitted requests cannot cover the deficit
+  wait_for_host_pages,  ///< the host store cannot hold the imported history now
+};
+
+constexpr const char* to_string(admit_status s) noexcept {
+  switch (s) {
+    case admit_status::admitted: return "admitted";
+    case admit_status::wait_for_slot: return "wait_for_slot";
+    case admit_status::wait_for_memory: return "wait_for_memory";
+    case admit_status::wait_for_host_pages: return "wait_for_host_pages";
+  }
+  return "unknown";
+}
+
+/// Prefilled history of one source: `count` rows laid out `[payload layer][count][row_bytes]` as
+/// for `host_hierarchy::append`.
+struct history_import {
+  std::span<const std::byte> rows;
+  std::size_t count = 0;
+};
+
+/// Result of an admission.
+struct residency_admission {
+  admit_status status = admit_status::wait_for_slot;
+  std::size_t slot = 0;                ///< the request's slot when admitted
+  std::size_t reclaimed_requests = 0;  ///< q: requests whose optional pages were reclaimed
+  std::size_t reclaimed_pages = 0;     ///< pages reclaimed, over every source
+  std::size_t mapped_pages = 0;        ///< optional pages mapped for the new request, over every source
+  explicit operator bool() const { return status == admit_status::admitted; }
+};
+
+/// One source's ledger, in pages.
+struct residency_ledger {
+  std::size_t capacity = 0;  ///< M
+  std::size_t required = 0;  ///< M_req
+  std::size_t optional = 0;  ///< M_opt
+  std::size_t reserve = 0;   ///< M_res
+  [[nodiscard]] bool holds() const { return required + optional + reserve <= capacity; }
+  /// Pages that optional history may still take (0 when the invariant is broken).
+  [[nodiscard]] std::size_t spare() const { return holds() ? capacity - required - optional - reserve : 0; }
+  friend bool operator==(const residency_ledger&, const residency_ledger&) = default;
+};
+
+/// Running totals since construction.
+struct residency_counters {
+  std::size_t admissions = 0;          ///< admit calls that admitted
+  std::size_t admissions_waited = 0;   ///< admit calls that returned a wait
+  std::size_t waits_for_slot = 0;
+  std::size_t waits_for_memory = 0;
+  std::size_t waits_for_host_pages = 0;
+  std::size_t completions = 0;
+  std::size_t pages_mapped = 0;        ///< optional pages mapped (admission, append, repopulation)
+  std::size_t pages_repopulated = 0;   ///< of pages_mapped: by repopulate()
+  std::size_t pages_reclaimed = 0;     ///< optional pages taken back by whole-request reclaim
+  std::size_t requests_reclaimed = 0;  ///< requests that lost their optional pages to reclaim
+  std::size_t repopulate_calls = 0;
+  friend bool operator==(const residency_counters&, const residency_counters&) = default;
+};
+
+template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
+class residency_manager {
+ public:
+  using hierarchy_type = Hierarchy;
+  using policy = Policy;
+  using traits = residency_traits<Policy>;
+  using layout = typename Hierarchy::layout;
+  static constexpr std::size_t sources = Hierarchy::sources;
+  static constexpr std::size_t page_rows = Hierarchy::page_rows;
+
+  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg) : h_(hcfg), cfg_(rcfg) {
+    const std::size_t m = capacity_pages();
+    const std::size_t need = cfg_.required_pages + cfg_.reserve_pages + pinned_pages_per_request();
+    if (need > m)
+      throw invalid_configuration("residency: one request needs " + std::to_string(need) +
+                                  " pages per source (required + reserve" +
+                                  (traits::pins_history ? std::string(" + pinned history") : std::string()) +
+                                  ") but the optional pool has " + std::to_string(m) + ": nothing could be admitted");
+    required_.fill(0);
+    optional_.fill(0);
+  }
+
+  [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
+  /// The hierarchy, for resolve / append / copy_follower / reads (see the file comment).
+  [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  [[nodiscard]] const residency_config& config() const { return cfg_; }
+  [[nodiscard]] const residency_counters& counters() const { return counters_; }
+  /// M: optional-pool pages per source.
+  [[nodiscard]] std::size_t capacity_pages() const { return h_.config().optional_pages; }
+  /// Pages a pinning policy reserves per request and source (complete pages of a full history).
+  [[nodiscard]] std::size_t pinned_pages_per_request() const {
+    return traits::pins_history ? h_.config().max_rows / page_rows : 0;
+  }
+  [[nodiscard]] bool contains(request_id id) const { return seq_of_.contains(id); }
+  [[nodiscard]] std::size_t admitted_count() const { return seq_of_.size(); }
+
+  [[nodiscard]] residency_ledger ledger(std::size_t source) const {
+    check_source(source);
+    return {capacity_pages(), required_[source], optional_[source], cfg_.reserve_pages};
+  }
+  /// Invariant 3 on every source.
+  [[nodiscard]] bool invariant_holds() const {
+    for (std::size_t s = 0; s < sources; ++s)
+      if (!ledger(s).holds()) return false;
+    return true;
+  }
+  /// Optional pages a request holds on a source.
+  [[nodiscard]] std::size_t optional_pages_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return books_of(id).mapped[source];
+  }
+  /// Rows of a request's history imported at admission on a source.
+  [[nodiscard]] std::int64_t imported_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return books_of(id).imported[source];
+  }
+  /// Admitted requests in the policy's reclaim order (the first is reclaimed first).
+  [[nodiscard]] std::vector<request_id> reclaim_sequence() const {
+    std::vector<request_id> ids;
+    ids.reserve(by_seq_.size());
+    for (const auto& [seq, b] : by_seq_) ids.push_back(b.id);
+    if constexpr (traits::order == reclaim_order::most_recent_first) std::reverse(ids.begin(), ids.end());
+    return ids;
+  }
+
+  /// Resident-first admission; see the file comment. Throws (state unchanged) on bad input:
+  /// duplicate_admission, size_mismatch (history not one entry per source, or wrong byte count),
+  /// capacity_exceeded (history longer than max_rows). Returns a wait status when capacity is short.
+  residency_admission admit(request_id id, std::span<const history_import> history = {}) {
+    if (seq_of_.contains(id) || h_.contains(id))
+      throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
+    if (!history.empty() && history.size() != sources)
+      throw size_mismatch("residency: admission of request " + std::to_string(id) + " imports history for " +
+                          std::to_string(history.size()) + " sources, the layout has " + std::to_string(sources));
+    std::array<std::size_t, sources> rows{};
+    for (std::size_t s = 0; s < history.size(); ++s) {
+      const auto& d = layout::sources[s];
+      const auto& hi = history[s];
+      if (hi.count > h_.config().max_rows)
+        throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.count) +
+                                " rows on source " + std::to_string(s) + ", capacity is " +
+                                std::to_string(h_.config().max_rows));
+      if (hi.rows.size() != hi.count * d.payload_layers * d.row_bytes)
+        throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.rows.size()) +
+                            " bytes for " + std::to_string(hi.count) + " rows on source " + std::to_string(s) +
+                            ", expected " + std::to_string(hi.count * d.payload_layers * d.row_bytes));
+      rows[s] = hi.count;
+    }
+    residency_admission result;
+    if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
+    for (std::size_t s = 0; s < sources; ++s)
+      if ((rows[s] + page_rows - 1) / page_rows > h_.free_host_pages(s))
+        return wait(result, admit_status::wait_for_host_pages);
+
+    // Deficit and the whole requests that cover it, before anything changes.
+    const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
+    std::array<std::size_t, sources> deficit{};
+    bool short_of_pages = false;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const std::size_t used = required_[s] + optional_[s] + cfg_.reserve_pages + take;
+      deficit[s] = used > capacity_pages() ? used - capacity_pages() : 0;
+      short_of_pages = short_of_pages || deficit[s] > 0;
+    }
+    std::vector<request_books*> victims;
+    if (short_of_pages) {
+      std::array<std::size_t, sources> covered{};
+      auto covers = [&] {
+        for (std::size_t s = 0; s < sources; ++s)
+          if (covered[s] < deficit[s]) return false;
+        return true;
+      };
+      auto visit = [&](request_books& b) {
+        if (covers()) return;
+        if (traits::pins_history) return;  // pinned pages are never reclaimed
+        std::size_t held = 0;
+        for (std::size_t s = 0; s < sources; ++s) held += b.mapped[s];
+        if (held == 0) return;  // holds nothing: not one of the q
+        victims.push_back(&b);
+        for (std::size_t s = 0; s < sources; ++s) covered[s] += b.mapped[s];
+      };
+      if constexpr (traits::order == reclaim_order::most_recent_first)
+        for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
+      else
+        for (auto& [seq, b] : by_seq_) visit(b);
+      if (!covers()) return wait(result, admit_status::wait_for_memory);
+    }
+
+    // Commit: reclaim, admit, import, map.
+    for (request_books* v : victims) {
+      std::size_t pages = 0;
+      for (std::size_t s = 0; s < sources; ++s) pages += unmap_all(*v, s);
+      ++counters_.requests_reclaimed;
+      result.reclaimed_pages += pages;
+    }
+    result.reclaimed_requests = victims.size();
+    const admission a = h_.admit(id);  // a slot is free: checked above
+    result.slot = a.slot;
+    for (std::size_t s = 0; s < history.size(); ++s)
+      if (history[s].count > 0) h_.append(id, s, history[s].rows, history[s].count);  // validated above
+    const std::uint64_t seq = next_seq_++;
+    auto& b = by_seq_[seq];
+    b.id = id;
+    seq_of_.emplace(id, seq);
+    for (std::size_t s = 0; s < sources; ++s) {
+      b.imported[s] = static_cast<std::int64_t>(rows[s]);
+      b.pinned_left[s] = pinned_pages_per_request();
+      required_[s] += cfg_.required_pages + b.pinned_left[s];
+      if constexpr (traits::keeps_optional_history) {
+        // newest complete page first, while spare pages remain (pinned: every complete page)
+        for (std::size_t page = rows[s] / page_rows; page-- > 0;)
+          if (!map_one(b, s, page)) break;
+      }
+      result.mapped_pages += b.mapped[s];
+    }
+    result.status = admit_status::admitted;
+    ++counters_.admissions;
+    return result;
+  }
+  residency_admission admit(request_id id, std::initializer_list<history_import> history) {
+    return admit(id, std::span<const history_import>(history.begin(), history.size()));
+  }
+
+  /// Appends decode rows through the hierarchy (same contract and errors as host_hierarchy::append).
+  /// Under a pinning policy the pages this append completes are mapped at once (their pages are
+  /// reserved); otherwise decode rows stay under the tail and hot-cache rules.
+  void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    auto& b = books_of(id);
+    const std::int64_t before = h_.frontier(id, source);
+    h_.append(id, source, rows, count);
+    if constexpr (traits::pins_history) {
+      const auto after = static_cast<std::size_t>(h_.frontier(id, source));
+      for (std::size_t page = static_cast<std::size_t>(before) / page_rows; page < after / page_rows; ++page)
+        map_one(b, source, page);
+    }
+  }
+
+  /// Completes a request: its slot, host pages, optional pages and required pages are released.
+  /// Throws unknown_request (state unchanged) for a request that is not admitted.
+  void complete(request_id id) {
+    const auto it = seq_of_.find(id);
+    if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
+    auto& b = by_seq_.at(it->second);
+    h_.complete(id);
+    for (std::size_t s = 0; s < sources; ++s) {
+      required_[s] -= cfg_.required_pages + b.pinned_left[s];
+      optional_[s] -= b.mapped[s];
+    }
+    by_seq_.erase(it->second);
+    seq_of_.erase(it);
+    ++counters_.completions;
+  }
+
+  /// Bounded round-robin repopulation; see the file comment. Returns the pages mapped (at most
+  /// `traits::pages_per_attempt`).
+  std::size_t repopulate() {
+    ++counters_.repopulate_calls;
+    if constexpr (!traits::keeps_optional_history) return 0;
+    std::size_t mapped = 0;
+    while (mapped < traits::pages_per_attempt && !by_seq_.empty()) {
+      bool progress = false;
+      // one turn: every request once, starting after the last request served
+      auto start = by_seq_.upper_bound(cursor_);
+      for (std::size_t n = 0, total = by_seq_.size(); n < total && mapped < traits::pages_per_attempt; ++n) {
+        if (start == by_seq_.end()) start = by_seq_.begin();
+        auto& [seq, b] = *start;
+        bool served = false;
+        for (std::size_t s = 0; s < sources && mapped < traits::pages_per_attempt; ++s) {
+          const auto page = newest_unmapped(b, s);
+          if (page < 0) continue;
+          if (!map_one(b, s, static_cast<std::size_t>(page))) continue;
+          ++mapped;
+          ++counters_.pages_repopulated;
+          served = true;
+        }
+        if (served) {
+          cursor_ = seq;
+          progress = true;
+        }
+        ++start;
+      }
+      if (!progress) break;
+    }
+    return mapped;
+  }
+
+  /// Cross-checks the ledger, the books and the hierarchy. Returns "" when consistent, otherwise a
+  /// description of the first problem: Invariant 3, page conservation of every optional pool
+  /// (free + mapped == M), every request's optional map against its books (count, eligible pages).
+  [[nodiscard]] std::string audit() const {
+    const std::size_t m = capacity_pages();
+    if (h_.admitted_count() != by_seq_.size())
+      return "hierarchy admits " + std::to_string(h_.admitted_count()) + " requests, the books " +
+             std::to_string(by_seq_.size());
+    for (std::size_t s = 0; s < sources; ++s) {
+      const std::string src = "source " + std::to_string(s) + ": ";
+      std::size_t req = 0, opt = 0;
+      for (const auto& [seq, b] : by_seq_) {
+        const std::string who = src + "request " + std::to_string(b.id) + ": ";
+        if (!h_.contains(b.id)) return who + "not admitted in the hierarchy";
+        const auto map = h_.optional_map_of(b.id, s);
+        const auto frontier = static_cast<std::size_t>(h_.frontier(b.id, s));
+        const std::size_t eligible = traits::pins_history ? frontier / page_rows
+                                     : traits::keeps_optional_history
+                                         ? static_cast<std::size_t>(b.imported[s]) / page_rows
+                                         : 0;
+        std::size_t count = 0;
+        for (std::size_t page = 0; page < map.size(); ++page) {
+          if (map[page] < 0) continue;
+          ++count;
+          if (page >= eligible)
+            return who + "page " + std::to_string(page) + " is mapped but only " + std::to_string(eligible) +
+                   " pages are eligible";
+        }
+        if (count != b.mapped[s])
+          return who + std::to_string(count) + " pages mapped, the books say " + std::to_string(b.mapped[s]);
+        if (traits::pins_history && b.pinned_left[s] + b.mapped[s] != pinned_pages_per_request())
+          return who + "pinned reservation " + std::to_string(b.pinned_left[s]) + " + mapped " +
+                 std::to_string(b.mapped[s]) + " != " + std::to_string(pinned_pages_per_request());
+        if (!traits::pins_history && b.pinned_left[s] != 0) return who + "a pinned reservation without pinning";
+        req += cfg_.required_pages + b.pinned_left[s];
+        opt += b.mapped[s];
+      }
+      if (req != required_[s]) return src + "M_req is " + std::to_string(required_[s]) + ", books sum to " + std::to_string(req);
+      if (opt != optional_[s]) return src + "M_opt is " + std::to_string(optional_[s]) + ", books sum to " + std::to_string(opt);
+      if (!ledger(s).holds())
+        return src + "M_req + M_opt + M_res = " + std::to_string(req) + " + " + std::to_string(opt) + " + " +
+               std::to_string(cfg_.reserve_pages) + " exceeds M = " + std::to_string(m);
+      if (h_.free_optional_pages(s) + opt != m)
+        return src + std::to_string(h_.free_optional_pages(s)) + " free + " + std::to_string(opt) +
+               " mapped optional pages != " + std::to_string(m);
+    }
+    return {};
+  }
+
+ private:
+  struct request_books {
+    request_id id = 0;
+    std::array<std::int64_t, sources> imported{};    // rows imported at admission
+    std::array<std::size_t, sources> mapped{};       // optional pages held (M_opt share)
+    std::array<std::size_t, sources> pinned_left{};  // pinning: reserved pages not yet mapped (M_req share)
+  };
+
+  static void check_source(std::size_t source) {
+    if (source >= sources)
+      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
+  [[nodiscard]] const request_books& books_of(request_id id) const {
+    const auto it = seq_of_.find(id);
+    if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
+    return by_seq_.at(it->second);
+  }
+  [[nodiscard]] request_books& books_of(request_id id) {
+    return const_cast<request_books&>(std::as_const(*this).books_of(id));
+  }
+  residency_admission& wait(residency_admission& r, admit_status why) {
+    r.status = why;
+    ++counters_.admissions_waited;
+    if (why == admit_status::wait_for_slot) ++counters_.waits_for_slot;
+    if (why == admit_status::wait_for_memory) ++counters_.waits_for_memory;
+    if (why == admit_status::wait_for_host_pages) ++counters_.waits_for_host_pages;
+    return r;
+  }
+  /// Newest eligible page of a request/source not yet mapped, -1 if none.
+  [[nodiscard]] std::int64_t newest_unmapped(const request_books& b, std::size_t s) const {
+    const std::size_t eligible = traits::pins_history
+                                     ? static_cast<std::size_t>(h_.frontier(b.id, s)) / page_rows
+                                     : static_cast<std::size_t>(b.imported[s]) / page_rows;
+    const auto map = h_.optional_map_of(b.id, s);
+    for (std::size_t page = eligible; page-- > 0;)
+      if (map[page] < 0) return static_cast<std::int64_t>(page);
+    return -1;
+  }
+  /// Maps one complete page if the ledger allows it (spare pages, or the pinned reservation).
+  bool map_one(request_books& b, std::size_t s, std::size_t page) {
+    if constexpr (traits::pins_history) {
+      if (b.pinned_left[s] == 0) return false;
+    } else {
+      if (ledger(s).spare() == 0) return false;
+    }
+    if (!h_.map_optional_page(b.id, s, page)) return false;  // cannot happen while the books agree
+    ++b.mapped[s];
+    ++optional_[s];
+    if constexpr (traits::pins_history) {
+      --b.pinned_left[s];
+      --required_[s];
+    }
+    ++counters_.pages_mapped;
+    return true;
+  }
+  /// Unmaps every optional page of a request/source; returns how many.
+  std::size_t unmap_all(request_books& b, std::size_t s) {
+    const auto map = h_.optional_map_of(b.id, s);
+    std::vector<std::size_t> pages;
+    for (std::size_t page = 0; page < map.size(); ++page)
+      if (map[page] >= 0) pages.push_back(page);
+    for (std::size_t page : pages) h_.unmap_optional_page(b.id, s, page);
+    optional_[s] -= pages.size();
+    b.mapped[s] = 0;
+    counters_.pages_reclaimed += pages.size();
+    return pages.size();
+  }
+
+  Hierarchy h_;
+  residency_config cfg_;
+  std::array<std::size_t, sources> required_{};
+  std::array<std::size_t, sources> optional_{};
+  std::map<std::uint64_t, request_books> by_seq_;  // admission order
+  std::unordered_map<request_id, std::uint64_t> seq_of_;
+  std::uint64_t next_seq_ = 1;
+  std::uint64_t cursor_ = 0;  // admission number of the last request repopulation served
+  residency_counters counters_;
+};
+
+}  // namespace dhisparse
