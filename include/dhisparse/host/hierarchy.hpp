@@ -152,23 +152,14 @@ class host_hierarchy {
   resolve_stats resolve(std::size_t source, std::span<const resolve_item> batch, copy_layers mode = copy_layers::all) {
     check_source(source);
     auto& src = src_[source];
-    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
-      if (src.layer_pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " resolved again before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
-    std::vector<std::size_t> slots;
-    slots.reserve(batch.size());
-    for (const auto& item : batch) {
-      const std::size_t slot = registry_.slot(item.request);
-      if (std::find(slots.begin(), slots.end(), slot) != slots.end())
-        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one resolve batch");
+    check_followers_copied(source, "resolved again");
+    const auto slots = batch_slots(batch, "resolve", [&](std::size_t slot, const resolve_item& item) {
       if (item.locations.size() != item.selection.size())
         throw size_mismatch("request " + std::to_string(item.request) + ": " + std::to_string(item.locations.size()) +
                             " location entries for a selection of " + std::to_string(item.selection.size()));
       detail::validate_selection(item.selection, top_k, src.books.slot(slot).frontier,
                                  static_cast<std::int64_t>(cfg_.max_rows), item.request, source);
-      slots.push_back(slot);
-    }
+    });
     src.plan.clear();
     resolve_stats total;
     for (std::size_t b = 0; b < batch.size(); ++b)
@@ -217,19 +208,9 @@ class host_hierarchy {
   verify_stats verify(std::size_t source, std::span<const verify_item> batch, copy_layers mode = copy_layers::all) {
     check_speculative(source);
     auto& src = src_[source];
-    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
-      if (src.layer_pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
-    std::vector<std::size_t> slots;
-    slots.reserve(batch.size());
-    for (const auto& item : batch) {
-      const std::size_t slot = registry_.slot(item.request);
-      if (std::find(slots.begin(), slots.end(), slot) != slots.end())
-        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one verify batch");
-      validate_round(source, slot, item);
-      slots.push_back(slot);
-    }
+    check_followers_copied(source, "verified");
+    const auto slots = batch_slots(batch, "verify",
+                                   [&](std::size_t slot, const verify_item& item) { validate_round(source, slot, item); });
     src.plan.clear();
     verify_stats total;
     for (std::size_t b = 0; b < batch.size(); ++b) {
@@ -471,6 +452,30 @@ class host_hierarchy {
                                      ", which it cannot see");
       }
     }
+  }
+  /// A source's follower layers must have replayed the last plan before the cache state moves on.
+  void check_followers_copied(std::size_t source, const char* call) const {
+    const auto& pending = src_[source].layer_pending;
+    for (std::size_t l = 0; l < pending.size(); ++l)
+      if (pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+  }
+  /// Slots of a batch's requests, validating each item (unknown request, the same request twice,
+  /// then `validate(slot, item)`) before anything changes.
+  template <class Item, class Validate>
+  std::vector<std::size_t> batch_slots(std::span<const Item> batch, const char* call, Validate&& validate) const {
+    std::vector<std::size_t> slots;
+    slots.reserve(batch.size());
+    for (const auto& item : batch) {
+      const std::size_t slot = registry_.slot(item.request);
+      if (std::find(slots.begin(), slots.end(), slot) != slots.end())
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one " + call +
+                                 " batch");
+      validate(slot, item);
+      slots.push_back(slot);
+    }
+    return slots;
   }
   static void check_source(std::size_t source) {
     if (source >= sources)
