@@ -25,7 +25,7 @@ struct row_shape {
 };
 
 /// Copies one row with one warp: every lane loads its vectors first, then stores them (loads of
-/// the whole row in flight before any store; the pattern of DESIGN §4's probes).
+/// the whole row in flight before any store; the pattern of the probes in docs/h200-limits.md).
 template <int RowBytes>
 __device__ __forceinline__ void warp_copy_row(const int4* __restrict__ src, int4* __restrict__ dst, int lane) {
   using shape = row_shape<RowBytes>;

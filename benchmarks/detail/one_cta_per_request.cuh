@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Baseline `one_cta_per_request`: the public HiSparse design (SGLang's
-/// `load_cache_to_device_buffer_kernel`, DESIGN §5), written here from its published description;
+/// `load_cache_to_device_buffer_kernel`, the public HiSparse design), written here from its published description;
 /// no third-party code is copied. One CTA resolves one request's whole selection:
 ///  1. builds an open-addressing hash of the request's top-k in shared memory (row -> entry index);
 ///  2. scans the request's LRU array (slots, least recently used first), looking up the row each

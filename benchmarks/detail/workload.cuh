@@ -6,7 +6,7 @@
 /// `tail` rows sit in the resolver's tail and are never drawn). A row handed out by the permutation
 /// is never handed out again, across every stream of the run, so a timed miss is always a row that
 /// no method has selected before for that request: its host page translations are cold, exactly as
-/// in real decoding (DESIGN §4: replaying a miss set measures a translation cache, not the copy).
+/// in real decoding (docs/h200-limits.md: replaying a miss set measures a translation cache, not the copy).
 ///
 /// A stream for a configuration (C requests, m misses per request and step) has 1 + W + T steps:
 ///  * step 0 (fill, untimed): k rows per request, the request's last selection of the previous

@@ -24,7 +24,7 @@
 /// that a chosen share of its entries are *fresh* rows (not selected by this stream in the last N
 /// steps and not cheap by the caller's predicate), the rest being cheap rows. Benchmarks of the
 /// GPU resolver must draw fresh misses every step, or they measure warm translation caches
-/// (DESIGN.md §4).
+/// (docs/h200-limits.md).
 ///
 /// Determinism: the output depends only on the parameters, the seed and the sequence of calls
 /// (frontiers, targets, predicate answers). The generator uses its own splitmix64 stream, integer
