@@ -27,6 +27,7 @@
 
 #include "../support/reference_model.hpp"
 #include "../support/row_content.hpp"
+#include "../support/test_layouts.hpp"
 
 namespace {
 
@@ -46,24 +47,7 @@ using dhisparse_testing::reference_hierarchy;
 using dhisparse_testing::resolved_from;
 using dhisparse_testing::test_rng;
 
-/// Two sources, three payload layers each (one producer + two followers), 48-byte rows.
-struct two_source_layout {
-  static constexpr std::size_t top_k = 64;
-  static constexpr std::size_t page_rows = 16;
-  static constexpr std::array<source_desc, 2> sources{{
-      {48, 1, 3, 0},
-      {48, 1, 3, 0},
-  }};
-  static constexpr std::array<consumer_desc, 6> consumers{{
-      {0, consumer_kind::reindex, 0},
-      {0, consumer_kind::follower, 1},
-      {0, consumer_kind::follower, 2},
-      {1, consumer_kind::reindex, 0},
-      {1, consumer_kind::follower, 1},
-      {1, consumer_kind::follower, 2},
-  }};
-};
-static_assert(valid_layout<two_source_layout>);
+using dhisparse_testing::two_source_layout;
 
 struct run_totals {
   std::size_t resolved_rows = 0, calls = 0, batches = 0, direct = 0, hot = 0, host = 0, optional_direct = 0;

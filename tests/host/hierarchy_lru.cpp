@@ -23,6 +23,7 @@
 
 #include "../support/reference_model.hpp"
 #include "../support/row_content.hpp"
+#include "../support/test_layouts.hpp"
 
 namespace {
 
@@ -41,21 +42,7 @@ constexpr std::size_t kCalls = DHISPARSE_LRU_CALLS;
 using namespace dhisparse;
 using dhisparse_testing::reference_hierarchy;
 using dhisparse_testing::test_rng;
-
-struct two_source_layout {
-  static constexpr std::size_t top_k = 64;
-  static constexpr std::size_t page_rows = 16;
-  static constexpr std::array<source_desc, 2> sources{{{48, 1, 3, 0}, {48, 1, 3, 0}}};
-  static constexpr std::array<consumer_desc, 6> consumers{{
-      {0, consumer_kind::reindex, 0},
-      {0, consumer_kind::follower, 1},
-      {0, consumer_kind::follower, 2},
-      {1, consumer_kind::reindex, 0},
-      {1, consumer_kind::follower, 1},
-      {1, consumer_kind::follower, 2},
-  }};
-};
-static_assert(valid_layout<two_source_layout>);
+using dhisparse_testing::two_source_layout;
 
 template <class T>
 std::vector<T> vec(std::span<const T> s) {

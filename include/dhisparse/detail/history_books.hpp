@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,14 @@ class history_books {
   }
   /// Host-store page holding `row` of a slot (the row must exist).
   [[nodiscard]] page_id host_page_of(std::size_t s, std::int64_t row) const { return slots_[s].host_pages[page_of(row)]; }
+
+  /// The host copy of `row` of payload `layer` in a slot; throws unless the row exists.
+  [[nodiscard]] std::span<std::byte> host_row(std::size_t s, std::size_t layer, std::int64_t row) const {
+    if (row < 0 || row >= slots_[s].frontier)
+      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist (" +
+                                     std::to_string(slots_[s].frontier) + " rows stored)");
+    return store_.row(host_page_of(s, row), layer, row);
+  }
 
   /// Throws unless `count` more rows fit the slot's capacity and the host store. No overflow for
   /// any `count`.

@@ -340,11 +340,7 @@ class host_hierarchy {
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
-    const auto& src = src_[source];
-    const std::size_t slot = registry_.slot(id);
-    if (row < 0 || row >= src.books.slot(slot).frontier)
-      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist");
-    return src.books.store().row(src.books.host_page_of(slot, row), layer, row);
+    return src_[source].books.host_row(registry_.slot(id), layer, row);
   }
 
   /// Hot-cache contents of a request/source: row held by each slot, -1 when empty.
