@@ -546,7 +546,7 @@ class hierarchy {
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
-                host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
+                host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
   };
   struct eager_layout {
@@ -588,6 +588,7 @@ class hierarchy {
     o.control = k.take<control_block>(1);
     o.ready = k.take<std::uint64_t>(cap);
     o.plan = k.take<plan_entry>(cap * top_k);
+    o.early_plan = k.take<plan_entry>(cap * top_k);
     o.errors = k.take<entry_error>(cap);
     o.sticky = k.take<entry_error>(cap);
     o.stats = k.take<entry_stats>(cap);
@@ -652,6 +653,7 @@ class hierarchy {
     w.control = reinterpret_cast<control_block*>(base + o.control);
     w.ready = reinterpret_cast<std::uint64_t*>(base + o.ready);
     w.plan = reinterpret_cast<plan_entry*>(base + o.plan);
+    w.early_plan = reinterpret_cast<plan_entry*>(base + o.early_plan);
     w.errors = reinterpret_cast<entry_error*>(base + o.errors);
     w.sticky = reinterpret_cast<entry_error*>(base + o.sticky);
     w.stats = reinterpret_cast<entry_stats*>(base + o.stats);

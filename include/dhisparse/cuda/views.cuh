@@ -59,6 +59,7 @@ struct control_block {
   std::uint32_t last_layers = 0;   ///< payload layers the last launch copied
   std::uint32_t sticky_epoch = 0;  ///< first launch with a bad entry since errors were last checked
   std::uint32_t overflow = 0;      ///< a batch count above capacity seen since the last check (the count)
+  std::uint32_t copy_cursor = 0;   ///< next copy unit of an early-copy launch
 };
 
 /// Reverse-map value of a row that is not in the hot cache (all bits set).
@@ -92,6 +93,8 @@ struct workspace_view {
   control_block* control = nullptr;
   std::uint64_t* ready = nullptr;     ///< [capacity] published entry: epoch (low word), copy units (high word)
   plan_entry* plan = nullptr;         ///< [capacity * top_k] misses of each entry, ascending rows
+  /// [capacity * top_k] small batches: the copies in selection order, repeats dropped (no_location)
+  plan_entry* early_plan = nullptr;
   entry_error* errors = nullptr;      ///< [capacity] status of each entry of the last launch
   entry_error* sticky = nullptr;      ///< [capacity] records of the first failing launch (check_errors)
   entry_stats* stats = nullptr;       ///< [capacity] stats of each entry of the last launch

@@ -5,24 +5,34 @@
 /// A persistent grid of fixed size (independent of the batch, so a captured graph can replay any
 /// batch size) works in two overlapping phases coordinated through device counters:
 ///
-///  * metadata: CTAs take batch entries in order from `control->ticket`. For entry t a CTA
-///    reads, in two round trips, the entry's slot and selection, then everything that depends on
-///    the slot alone (frontier, liveness, the slot's hot rows and LRU order staged in shared
-///    memory, and per selected row its optional page, host page and hot way from the per-slot
-///    reverse map `way_of_row`). It validates (nothing is written for a bad entry), resolves
-///    tail, ready optional and hot rows directly from those values, marks hit ways, sorts the
-///    missing rows with a shared-memory bitonic network and drops repeats, partitions the LRU
-///    order with cub::BlockScan, writes hot_row/order/way_of_row/locations and the entry's miss
-///    plan (ascending rows = host address order within the request), then publishes
-///    `ready[t] = {epoch, copy units}` with release semantics. No hash table, no scan of the B
+///  * metadata: CTAs take batch entries in order from `control->ticket` (the first ticket in the
+///    same round trip as the batch count). For entry t a CTA reads, in two round trips, the
+///    entry's slot and selection, then everything that depends on the slot alone (frontier,
+///    liveness, the slot's hot rows and LRU order staged in shared memory, and per selected row
+///    its optional page, host page and hot way from the per-slot reverse map `way_of_row`). It
+///    validates (nothing is written for a bad entry), resolves tail, ready optional and hot rows
+///    directly from those values and marks hit ways. The missing rows are then put in ascending
+///    order without repeats by the cheapest exact method: shuffles within one warp (up to 32),
+///    a rank bitmap over their row span (span below 64 x top_k rows), else a bitonic network. The
+///    entry publishes the copies' host sources (`ready[t] = {epoch, units}`, release), partitions
+///    the LRU order with cub::BlockScan, writes hot_row/order/way_of_row/locations and the copies'
+///    destinations, and publishes again with the `placed` bit. No hash table, no scan of the B
 ///    hot ways for hit detection: the reverse map answers "which way holds row r" in one load.
 ///  * copy: a CTA that finds no entry left waits (acquire loads with nanosleep backoff) until every
-///    entry is published, builds the exclusive prefix of the entries' copy units in shared memory
-///    and copies a static, strided share of the flattened request-major list of (miss, layer)
-///    units: warp w of G copy warps takes units w*R, (w+G)*R, ... (R rows per warp in flight,
-///    every 16-byte load issued before the stores). No atomics on the copy path: at any moment
-///    the grid works on one contiguous window of the list, so in-flight copies stay address
-///    ordered within a request, and a single request's misses spread over the whole GPU.
+///    entry has published its sources, builds the exclusive prefix of the entries' copy units in
+///    shared memory and copies a static, strided share of the flattened request-major list of
+///    (miss, layer) units: warp w of CTA b takes the R units at (w * grid + b) * R, then every
+///    grid * G * R units after (G copy warps per CTA, R rows per warp in flight), so even a few
+///    hundred rows reach every SM. A warp issues its rows' host loads first and only then waits
+///    for their entries' `placed` bit, so PCIe reads overlap the LRU work of the entries. No
+///    atomics on this copy path: at any moment the grid works on one contiguous window of the
+///    list (ascending rows = host address order within a request).
+///  * early copies (batches of at most `early_copy_max_batch` entries, where address order buys
+///    nothing): an entry publishes its missing entries in selection order (`early_plan`, repeats
+///    included) right after classifying them, before ranking, and its copy units are claimed in
+///    groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
+///    are placed (each distinct row is written once). `plan` still receives the ascending plan of
+///    distinct rows that follower layers replay.
 ///
 /// Deadlock freedom: a CTA only waits after it found the ticket counter exhausted, i.e. after
 /// every entry was taken by a CTA that is running (metadata never waits). The last CTA to finish
@@ -36,6 +46,12 @@
 
 #include "../../detail/validate.hpp"
 #include "../views.cuh"
+
+/// Phase marks for profiling builds: a profiler defines DHISPARSE_RESOLVE_MARK(phase) (for example
+/// to store %globaltimer per CTA) before including this header; by default marks compile to nothing.
+#ifndef DHISPARSE_RESOLVE_MARK
+#define DHISPARSE_RESOLVE_MARK(phase) ((void)0)
+#endif
 
 namespace dhisparse::cuda::detail {
 
@@ -60,6 +76,10 @@ struct resolve_traits {
   static constexpr int ways_per_thread = ceil_div_int(HotRows, Block);   ///< hot ways per thread
   static constexpr int sort_capacity = 1 << log2_ceil(TopK);  ///< bitonic network width for up to top_k misses
   static constexpr unsigned max_rows_per_warp = 2;
+  /// Batches up to this size copy their missing entries in selection order, published before the
+  /// misses are ranked: copies start earlier, and at small batches address order buys nothing
+  /// (larger batches copy distinct rows in ascending order, which is kinder to translation).
+  static constexpr unsigned early_copy_max_batch = 16;
   static_assert(entries_per_thread <= 32,
                 "dhisparse::cuda: the fused resolver supports top_k <= 32 * block threads (16384 at 512 threads)");
   static_assert(ways_per_thread <= 32,
@@ -68,17 +88,26 @@ struct resolve_traits {
 
   using order_t = std::conditional_t<(HotRows <= 65536), std::uint16_t, std::uint32_t>;  ///< as lru_hot_cache
   using scan_t = cub::BlockScan<int, Block>;
+  /// Bits of the rank bitmap: the sort buffers' bytes, reused (misses spanning fewer rows are
+  /// ranked without sorting).
+  static constexpr int bitmap_bits = 2 * sort_capacity * 32;
 
   struct shared_storage {
-    int sort_key[sort_capacity];   ///< missing rows of the selection (with repeats), sorted in place
-    int sort_page[sort_capacity];  ///< host-store page of each
-    int miss_key[TopK];            ///< distinct missing rows, ascending (address order)
-    int miss_page[TopK];           ///< host-store page of each
-    int victim[TopK];              ///< hot way taken by the r-th distinct missing row
+    union alignas(16) {
+      struct {
+        int key[sort_capacity];   ///< missing rows of the selection (with repeats), sorted in place
+        int page[sort_capacity];  ///< host-store page of each
+      } sort;
+      unsigned bits[2 * sort_capacity];  ///< rank bitmap over [lo, lo + bitmap_bits) of the missing rows
+    } scratch;
+    unsigned claimed[(TopK + 31) / 32];  ///< early copies: distinct misses already given a copy
+    int miss_key[TopK];   ///< distinct missing rows, ascending (address order)
+    int miss_page[TopK];  ///< host-store page of each
+    int victim[TopK];     ///< hot way taken by the r-th distinct missing row
     typename scan_t::TempStorage scan;
-    row_index hot[HotRows];                          ///< the slot's hot_row, staged in the first round trip
-    order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
-    unsigned char is_hit[(HotRows + 15) / 16 * 16];  ///< per hot way: holds a selected row
+    alignas(16) row_index hot[HotRows];                          ///< the slot's hot_row, staged in round trip 2
+    alignas(16) order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
+    alignas(16) unsigned char is_hit[(HotRows + 15) / 16 * 16];  ///< per hot way: holds a selected row
     const row_index* sel;
     location* out;
     long long frontier;
@@ -86,13 +115,16 @@ struct resolve_traits {
     int ticket, slot, length, err_code, len_code, bad_key, dup;
     unsigned live;
     unsigned count[4];  ///< selected, direct, hot, host
-    int raw_misses, misses;
+    int misses;
+    int miss_lo, miss_hi;  ///< smallest and largest missing row of the entry
     unsigned batch_count, epoch;
   };
 };
 
 // --------------------------------------------------------------------------------------------
 // small device helpers
+
+
 
 __device__ __forceinline__ unsigned warp_sum(unsigned v) { return __reduce_add_sync(0xffffffffu, v); }
 
@@ -103,52 +135,88 @@ __device__ __forceinline__ plan_entry load_plan(const plan_entry* p) {
   return e;
 }
 
-/// Copies `cnt` (<= R) rows of `vecs` 16-byte vectors with one warp: every load of the batch is
-/// issued before its stores (up to 4 vectors per lane in flight).
-template <unsigned R>
-__device__ __forceinline__ void warp_copy_rows(const int4* const (&src)[R], int4* const (&dst)[R], unsigned cnt,
-                                               unsigned vecs, unsigned lane) {
-  constexpr unsigned per_lane = 4;
-  const unsigned total = cnt * vecs;
-  for (unsigned v0 = 0; v0 < total; v0 += 32 * per_lane) {
-    int4 buf[per_lane];
+/// Vector `v` of `R` consecutive rows of `vecs` 16-byte vectors each, the rows at `base[0..R)`.
+template <unsigned R, class P>
+__device__ __forceinline__ P row_vector(P const (&base)[R], unsigned v, unsigned vecs) {
+  P ptr = base[0];
 #pragma unroll
-    for (unsigned j = 0; j < per_lane; ++j) {
-      const unsigned v = v0 + lane + 32 * j;
-      if (v < total) {
-        unsigned w = v;
-        const int4* s = src[0];
-#pragma unroll
-        for (unsigned k = 1; k < R; ++k)
-          if (w >= vecs) {
-            w -= vecs;
-            s = src[k];
-          }
-        buf[j] = __ldg(s + w);
-      }
+  for (unsigned k = 1; k < R; ++k)
+    if (v >= vecs) {
+      v -= vecs;
+      ptr = base[k];
     }
+  return ptr + v;
+}
+
+/// 16-byte vectors each lane keeps in flight while a warp copies rows.
+constexpr unsigned copy_vectors_per_lane = 4;
+constexpr unsigned copy_chunk_vectors = 32 * copy_vectors_per_lane;
+
+/// Issues one warp's loads of vectors [v0, v0 + copy_chunk_vectors) of `total` (R rows).
+template <unsigned R>
+__device__ __forceinline__ void warp_load_chunk(const int4* const (&src)[R], unsigned total, unsigned vecs, unsigned lane,
+                                                unsigned v0, int4 (&buf)[copy_vectors_per_lane]) {
 #pragma unroll
-    for (unsigned j = 0; j < per_lane; ++j) {
-      const unsigned v = v0 + lane + 32 * j;
-      if (v < total) {
-        unsigned w = v;
-        int4* d = dst[0];
+  for (unsigned j = 0; j < copy_vectors_per_lane; ++j) {
+    const unsigned v = v0 + lane + 32 * j;
+    if (v < total) buf[j] = __ldg(row_vector<R>(src, v, vecs));
+  }
+}
+
+/// Stores what warp_load_chunk loaded; rows whose destination is null are skipped.
+template <unsigned R>
+__device__ __forceinline__ void warp_store_chunk(int4* const (&dst)[R], unsigned total, unsigned vecs, unsigned lane,
+                                                 unsigned v0, const int4 (&buf)[copy_vectors_per_lane]) {
 #pragma unroll
-        for (unsigned k = 1; k < R; ++k)
-          if (w >= vecs) {
-            w -= vecs;
-            d = dst[k];
-          }
-        d[w] = buf[j];
-      }
+  for (unsigned j = 0; j < copy_vectors_per_lane; ++j) {
+    unsigned v = v0 + lane + 32 * j;
+    if (v < total) {
+      int4* row = dst[0];
+#pragma unroll
+      for (unsigned k = 1; k < R; ++k)
+        if (v >= vecs) {
+          v -= vecs;
+          row = dst[k];
+        }
+      if (row != nullptr) row[v] = buf[j];
     }
   }
 }
 
-/// A published entry: the launch's epoch in the low word, its copy units in the high word, so a
-/// waiting CTA learns both from one load.
-__device__ __forceinline__ std::uint64_t ready_word(unsigned epoch, unsigned units) {
-  return static_cast<std::uint64_t>(epoch) | (static_cast<std::uint64_t>(units) << 32);
+/// Copies `cnt` (<= R) rows of `vecs` 16-byte vectors with one warp: every load of a chunk is
+/// issued before its stores.
+template <unsigned R>
+__device__ __forceinline__ void warp_copy_rows(const int4* const (&src)[R], int4* const (&dst)[R], unsigned cnt,
+                                               unsigned vecs, unsigned lane) {
+  const unsigned total = cnt * vecs;
+  for (unsigned v0 = 0; v0 < total; v0 += copy_chunk_vectors) {
+    int4 buf[copy_vectors_per_lane];
+    warp_load_chunk<R>(src, total, vecs, lane, v0, buf);
+    warp_store_chunk<R>(dst, total, vecs, lane, v0, buf);
+  }
+}
+
+/// A published entry: the launch's epoch in the low word, its copy units in bits 32-62, so a
+/// waiting CTA learns both from one load. Bit 63 (`placed`) says the copies' destinations are
+/// written too; without it only their host sources are (the rows may already be fetched).
+constexpr std::uint64_t placed_bit = std::uint64_t{1} << 63;
+__device__ __forceinline__ std::uint64_t ready_word(unsigned epoch, unsigned units, bool placed) {
+  return static_cast<std::uint64_t>(epoch) | (static_cast<std::uint64_t>(units) << 32) | (placed ? placed_bit : 0);
+}
+__device__ __forceinline__ unsigned ready_units(std::uint64_t w) {
+  return static_cast<unsigned>((w & ~placed_bit) >> 32);
+}
+
+/// Waits (acquire) until entry `e` of this launch has its copy destinations written.
+__device__ __forceinline__ void wait_placed(std::uint64_t* ready, unsigned e, unsigned epoch) {
+  ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> flag(ready[e]);
+  unsigned ns = 32;
+  for (;;) {
+    const std::uint64_t w = flag.load(::cuda::memory_order_acquire);
+    if (static_cast<unsigned>(w) == epoch && (w & placed_bit) != 0) return;
+    __nanosleep(ns);
+    if (ns < 256) ns *= 2;
+  }
 }
 
 __device__ __forceinline__ void record_error(const workspace_view& ws, unsigned t, const entry_error& rec) {
@@ -161,6 +229,154 @@ __device__ __forceinline__ void record_error(const workspace_view& ws, unsigned 
 
 // --------------------------------------------------------------------------------------------
 // metadata of one batch entry (whole CTA)
+
+/// How an entry's missing rows are put in ascending order without repeats.
+enum class miss_ranking { warp, bitmap, sort };
+
+/// Up to 32 missing rows (with repeats) in sort.key/page: one warp ranks them with shuffles.
+/// Returns the number of distinct rows (uniform; ends with a barrier).
+template <class Traits>
+__device__ __forceinline__ int rank_misses_in_warp(typename Traits::shared_storage& sh, int raw) {
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    const int key = lane < raw ? sh.scratch.sort.key[lane] : INT_MAX;
+    const int page = lane < raw ? sh.scratch.sort.page[lane] : 0;
+    bool head = lane < raw;  // first occurrence of its row
+    for (int j = 0; j < 32; ++j) {
+      const int other = __shfl_sync(0xffffffffu, key, j);
+      if (j < lane && other == key) head = false;
+    }
+    const unsigned heads = __ballot_sync(0xffffffffu, head);
+    int rank = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int other = __shfl_sync(0xffffffffu, key, j);
+      if (((heads >> j) & 1u) && other < key) ++rank;
+    }
+    if (head) {
+      sh.miss_key[rank] = key;
+      sh.miss_page[rank] = page;
+    }
+    if (lane == 0) sh.misses = __popc(heads);
+  }
+  __syncthreads();
+  return sh.misses;
+}
+
+/// Missing rows marked in the bitmap over [miss_lo, miss_lo + bitmap_bits): a scan of the words'
+/// population counts places every distinct row; repeats fall on the same bit. Returns the number
+/// of distinct rows (uniform; ends with a barrier).
+template <class Traits, int KPT>
+__device__ __forceinline__ int rank_misses_by_bitmap(typename Traits::shared_storage& sh, int miss_lo, unsigned missing,
+                                     const row_index (&e)[KPT], const int (&hp)[KPT]) {
+  constexpr int Block = Traits::block_threads;
+  constexpr int words_per_thread = (2 * Traits::sort_capacity + Block - 1) / Block;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int words = ((sh.miss_hi - miss_lo) >> 5) + 1;
+  unsigned w[words_per_thread];
+  int mine = 0;
+#pragma unroll
+  for (int j = 0; j < words_per_thread; ++j) {
+    const int idx = tid * words_per_thread + j;
+    w[j] = idx < words ? sh.scratch.bits[idx] : 0u;
+    mine += __popc(w[j]);
+  }
+  int at = 0, M = 0;
+  typename Traits::scan_t(sh.scan).ExclusiveSum(mine, at, M);
+#pragma unroll
+  for (int j = 0; j < words_per_thread; ++j) {
+    const int first = miss_lo + (tid * words_per_thread + j) * 32;
+    for (unsigned x = w[j]; x != 0u; x &= x - 1u) sh.miss_key[at++] = first + __ffs(static_cast<int>(x)) - 1;
+  }
+  __syncthreads();
+  // The host page of each distinct row, from any entry that selected it (repeats agree).
+#pragma unroll
+  for (int k = 0; k < KPT; ++k)
+    if ((missing >> k) & 1u) {
+      int lo = 0, hi = M;  // miss_key[lo] <= e[k] < miss_key[hi]
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (sh.miss_key[mid] <= e[k]) lo = mid;
+        else hi = mid;
+      }
+      sh.miss_page[lo] = hp[k];
+    }
+  __syncthreads();
+  return M;
+}
+
+/// Any number of missing rows (with repeats) in sort.key/page: a bitonic network over the next
+/// power of two (padding sorts last), then the first row of each run of equal rows. Returns the
+/// number of distinct rows (uniform; ends with a barrier).
+template <class Traits>
+__device__ __forceinline__ int rank_misses_by_sorting(typename Traits::shared_storage& sh, int raw) {
+  constexpr int Block = Traits::block_threads;
+  const int tid = static_cast<int>(threadIdx.x);
+  int* const key = sh.scratch.sort.key;
+  int* const page = sh.scratch.sort.page;
+  if (raw > 1) {
+    int width = 2;
+    while (width < raw) width <<= 1;
+    for (int r = raw + tid; r < width; r += Block) key[r] = INT_MAX;
+    __syncthreads();
+    for (int size = 2; size <= width; size <<= 1)
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int i = tid; i < width / 2; i += Block) {
+          const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+          const int a = key[lo], b = key[hi];
+          if ((a > b) == ((lo & size) == 0)) {
+            key[lo] = b;
+            key[hi] = a;
+            const int pa = page[lo];
+            page[lo] = page[hi];
+            page[hi] = pa;
+          }
+        }
+        __syncthreads();
+      }
+  }
+  int distinct = 0;
+  for (int c0 = 0; c0 < raw; c0 += Block) {
+    const int r = c0 + tid;
+    const int head = r < raw && (r == 0 || key[r] != key[r - 1]) ? 1 : 0;
+    int at = 0, chunk = 0;
+    typename Traits::scan_t(sh.scan).ExclusiveSum(head, at, chunk);
+    if (head) {
+      sh.miss_key[distinct + at] = key[r];
+      sh.miss_page[distinct + at] = page[r];
+    }
+    distinct += chunk;
+    __syncthreads();
+  }
+  return distinct;
+}
+
+/// Copies `n` 4-byte-multiple elements global -> shared with 16-byte loads when both sides allow.
+template <int Block, class T, class U>
+__device__ __forceinline__ void stage_array(T* __restrict__ dst, const U* __restrict__ src, int n) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if constexpr (sizeof(T) == sizeof(U)) {
+    constexpr int per_vec = 16 / sizeof(T);
+    if (n % per_vec == 0 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
+      const int4* s = reinterpret_cast<const int4*>(src);
+      int4* d = reinterpret_cast<int4*>(dst);
+      for (int j = tid; j < n / per_vec; j += Block) d[j] = s[j];
+      return;
+    }
+  }
+  for (int j = tid; j < n; j += Block) dst[j] = static_cast<T>(src[j]);
+}
+
+/// Round trip 2's share of the hot state: the slot's hot rows and LRU order into shared memory,
+/// hit marks cleared.
+template <class Traits, class OrderIndex>
+__device__ __forceinline__ void stage_hot_state(typename Traits::shared_storage& sh, const row_index* hot_row,
+                                                const OrderIndex* order) {
+  constexpr int Block = Traits::block_threads;
+  stage_array<Block>(sh.hot, hot_row, Traits::hot_rows);
+  stage_array<Block>(sh.ord, order, Traits::hot_rows);
+  unsigned* hit_words = reinterpret_cast<unsigned*>(sh.is_hit);
+  for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(sizeof(sh.is_hit) / 4); j += Block) hit_words[j] = 0u;
+}
 
 template <class Traits, class OrderIndex>
 __device__ void resolve_metadata(typename Traits::shared_storage& sh, const source_view<OrderIndex>& src,
@@ -217,11 +433,14 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     sh.err_value = value;
     sh.bad_key = INT_MAX;
     sh.dup = 0;
+    sh.miss_lo = INT_MAX;
+    sh.miss_hi = INT_MIN;
     sh.live = 0;
     sh.frontier = 0;
     sh.count[0] = sh.count[1] = sh.count[2] = sh.count[3] = 0;
   }
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(2);
 
   const bool in_range = sh.err_code == status_ok;  // the slot exists (liveness is read below)
   const int slot = in_range ? sh.slot : 0;
@@ -250,11 +469,10 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     }
     for (unsigned j = static_cast<unsigned>(tid); j < C; j += Block)  // the same request twice: both fail
       if (j != t && batch.slots[j] == sh.slot) sh.dup = 1;
-    for (int j = tid; j < B; j += Block) {
-      sh.hot[j] = src.hot_row[hot_base + j];
-      sh.ord[j] = static_cast<typename Traits::order_t>(src.order[hot_base + j]);
-      sh.is_hit[j] = 0;
-    }
+    stage_hot_state<Traits>(sh, src.hot_row + hot_base, src.order + hot_base);
+    // The rank bitmap starts empty (the sort buffers it shares are written only after this).
+    for (int j = tid; j < 2 * Traits::sort_capacity; j += Block) sh.scratch.bits[j] = 0u;
+    for (int j = tid; j < (K + 31) / 32; j += Block) sh.claimed[j] = 0u;
   }
   const std::size_t rev_base = static_cast<std::size_t>(slot) * static_cast<std::size_t>(src.max_rows);
 #pragma unroll
@@ -271,6 +489,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     }
   }
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(3);
   const bool slot_ok = in_range && sh.live != 0;
   const std::int64_t frontier = sh.frontier;
 
@@ -301,6 +520,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     }
   }
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(4);
 
   // Status, identical in every thread. Priority as the host: slot, duplicate, length, entries.
   {
@@ -329,8 +549,8 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
         }
         record_error(ws, t, rec);
         ws.stats[t] = entry_stats{};
-        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(ready_word(epoch, 0),
-                                                                                         ::cuda::memory_order_release);
+        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+            ready_word(epoch, 0, true), ::cuda::memory_order_release);
       }
       return;  // uniform across the CTA
     }
@@ -356,64 +576,96 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     }
   }
 
-  // Missing entries (with repeats) into the sort buffer.
+  // Missing entries (with repeats): their ordinals (scan), count and row span.
+  int ordinal = 0, raw = 0;  // raw is uniform: the aggregate reaches every thread
   {
-    int pos = 0, raw = 0;
-    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(missing)), pos, raw);
+    int lo = INT_MAX, hi = INT_MIN;
 #pragma unroll
     for (int k = 0; k < KPT; ++k)
       if ((missing >> k) & 1u) {
-        sh.sort_key[pos] = e[k];
-        sh.sort_page[pos] = hp[k];
+        lo = e[k] < lo ? e[k] : lo;
+        hi = e[k] > hi ? e[k] : hi;
+      }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if ((tid & 31) == 0 && lo <= hi) {
+      atomicMin(&sh.miss_lo, lo);
+      atomicMax(&sh.miss_hi, hi);
+    }
+    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(missing)), ordinal, raw);
+  }
+  plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
+  plan_entry* const early_plan = ws.early_plan + static_cast<std::size_t>(t) * K;
+  const bool early = C <= Traits::early_copy_max_batch;
+  if (early) {  // copy sources in selection order, repeats included (their copies are dropped later)
+    int pos = ordinal;
+#pragma unroll
+    for (int k = 0; k < KPT; ++k)
+      if ((missing >> k) & 1u) {
+        early_plan[pos].host_offset =
+            static_cast<std::uint64_t>(hp[k]) * src.page_bytes +
+            static_cast<std::uint64_t>(static_cast<unsigned>(e[k]) % src.page_rows) * src.row_bytes;
+        early_plan[pos].row = e[k];
         ++pos;
       }
-    if (tid == 0) sh.raw_misses = raw;
   }
   __syncthreads();
-
-  const int raw = sh.raw_misses;
-  if (__syncthreads_or(hit != 0 || raw != 0)) {  // otherwise every entry was direct: no hot-cache work
-    // Distinct missing rows, ascending (address order): a bitonic sort over the next power of
-    // two (padding sorts last), then the first row of each run of equal rows.
-    if (raw > 1) {
-      int width = 2;
-      while (width < raw) width <<= 1;
-      for (int r = raw + tid; r < width; r += Block) sh.sort_key[r] = INT_MAX;
-      __syncthreads();
-      for (int size = 2; size <= width; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-          for (int i = tid; i < width / 2; i += Block) {
-            const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-            const int a = sh.sort_key[lo], b = sh.sort_key[hi];
-            if ((a > b) == ((lo & size) == 0)) {
-              sh.sort_key[lo] = b;
-              sh.sort_key[hi] = a;
-              const int pa = sh.sort_page[lo];
-              sh.sort_page[lo] = sh.sort_page[hi];
-              sh.sort_page[hi] = pa;
-            }
-          }
-          __syncthreads();
+  DHISPARSE_RESOLVE_MARK(5);
+  const unsigned units = static_cast<unsigned>(raw) * p.layers_to_copy;  // early; ranked: set below
+  if (early && tid == 0 && raw > 0) {
+    __threadfence();
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+        ready_word(epoch, units, false), ::cuda::memory_order_release);
+  }
+  const int miss_lo = sh.miss_lo;
+  const miss_ranking ranking = raw <= 32 ? miss_ranking::warp
+                               : static_cast<long long>(sh.miss_hi) - miss_lo < Traits::bitmap_bits ? miss_ranking::bitmap
+                                                                                                   : miss_ranking::sort;
+  if (raw > 0) {
+    int pos = ordinal;
+#pragma unroll
+    for (int k = 0; k < KPT; ++k)
+      if ((missing >> k) & 1u) {
+        if (ranking == miss_ranking::bitmap) {
+          const unsigned bit = static_cast<unsigned>(e[k] - miss_lo);
+          atomicOr(&sh.scratch.bits[bit >> 5], 1u << (bit & 31u));
+        } else {
+          sh.scratch.sort.key[pos] = e[k];
+          sh.scratch.sort.page[pos] = hp[k];
         }
-    }
-    {
-      int distinct = 0;
-      for (int c0 = 0; c0 < raw; c0 += Block) {
-        const int r = c0 + tid;
-        const int head = r < raw && (r == 0 || sh.sort_key[r] != sh.sort_key[r - 1]) ? 1 : 0;
-        int at = 0, chunk = 0;
-        typename Traits::scan_t(sh.scan).ExclusiveSum(head, at, chunk);
-        if (head) {
-          sh.miss_key[distinct + at] = sh.sort_key[r];
-          sh.miss_page[distinct + at] = sh.sort_page[r];
-        }
-        distinct += chunk;
-        __syncthreads();
+        ++pos;
       }
-      if (tid == 0) sh.misses = distinct;
-      __syncthreads();
+    __syncthreads();
+  }
+
+  unsigned published_units = early ? units : 0u;
+  if (__syncthreads_or(hit != 0 || raw != 0)) {  // otherwise every entry was direct: no hot-cache work
+    // Distinct missing rows, ascending (address order), into miss_key/miss_page.
+    int M = 0;
+    if (ranking == miss_ranking::warp) M = rank_misses_in_warp<Traits>(sh, raw);
+    else if (ranking == miss_ranking::bitmap) M = rank_misses_by_bitmap<Traits, KPT>(sh, miss_lo, missing, e, hp);
+    else M = rank_misses_by_sorting<Traits>(sh, raw);
+    DHISPARSE_RESOLVE_MARK(6);
+
+    // The plan of distinct rows, ascending (follower layers replay it). Without early copies it is
+    // published before the LRU work: idle CTAs start reading the rows over PCIe while this CTA
+    // chooses their destinations.
+    for (int r = tid; r < M; r += Block) {
+      const int row = sh.miss_key[r];
+      plan[r].host_offset =
+          static_cast<std::uint64_t>(sh.miss_page[r]) * src.page_bytes +
+          static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
+      plan[r].row = row;
     }
-    const int M = sh.misses;
+    if (!early) {
+      published_units = static_cast<unsigned>(M) * p.layers_to_copy;
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+            ready_word(epoch, published_units, false), ::cuda::memory_order_release);
+      }
+    }
 
     // LRU partition: [untouched] ++ [hits] ++ [victims], each in old order; the r-th distinct
     // missing row takes the r-th non-hit way of the old order.
@@ -433,7 +685,6 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(nh)), rank, NH);
     const int H = B - NH;
     const int kept = NH - M;
-    plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
 #pragma unroll
     for (int k = 0; k < WPT; ++k) {
       const int q = tid * WPT + k;
@@ -450,12 +701,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
             src.way_of_row[rev_base + static_cast<std::size_t>(row)] = static_cast<OrderIndex>(w);
             src.hot_row[hot_base + w] = row;
             sh.victim[r] = w;
-            plan_entry pe;
-            pe.host_offset = static_cast<std::uint64_t>(sh.miss_page[r]) * src.page_bytes +
-                             static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
-            pe.dst = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(w));
-            pe.row = row;
-            plan[r] = pe;
+            plan[r].dst = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(w));
           } else {
             at = r - M;
           }
@@ -466,8 +712,11 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
       }
     }
     __syncthreads();
+    DHISPARSE_RESOLVE_MARK(7);
 
-    // Missing entries: find their row among the distinct misses (binary search) for its way.
+    // Missing entries: find their row among the distinct misses (binary search) for its way. An
+    // early copy takes the destination too, once per distinct row (a repeat's copy is dropped).
+    int pos = ordinal;
 #pragma unroll
     for (int k = 0; k < KPT; ++k) {
       if ((missing >> k) & 1u) {
@@ -477,7 +726,13 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
           if (sh.miss_key[mid] <= e[k]) lo = mid;
           else hi = mid;
         }
-        out[tid + k * Block] = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
+        const location at = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
+        out[tid + k * Block] = at;
+        if (early) {
+          const unsigned bit = 1u << (lo & 31);
+          early_plan[pos].dst = (atomicOr(&sh.claimed[lo >> 5], bit) & bit) == 0 ? at : no_location;
+        }
+        ++pos;
       }
     }
     n_miss = static_cast<unsigned>(M);
@@ -510,11 +765,15 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     rec.frontier = frontier;
     ws.errors[t] = rec;
   }
-  __threadfence();
+  // The barrier orders every thread's plan writes before thread 0's device-scope release, which
+  // is cumulative: one fence publishes the whole CTA's writes.
   __syncthreads();
-  if (tid == 0)
+  if (tid == 0) {
+    __threadfence();
     ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-        ready_word(epoch, n_miss * p.layers_to_copy), ::cuda::memory_order_release);
+        ready_word(epoch, published_units, true), ::cuda::memory_order_release);
+  }
+  DHISPARSE_RESOLVE_MARK(8);
 }
 
 // --------------------------------------------------------------------------------------------
@@ -538,8 +797,8 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   constexpr int Block = Traits::block_threads;
   const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
 
-  // Wait until every entry of this launch is published (every entry's metadata runs on a CTA that
-  // is already resident, so this terminates).
+  // Wait until every entry of this launch has published its copies' sources and count (every
+  // entry's metadata runs on a CTA that is already resident, so this terminates).
   if (warp == 0) {
     for (unsigned e = lane; e < C; e += 32) {
       ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> flag(ws.ready[e]);
@@ -550,10 +809,11 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
         if (ns < 256) ns *= 2;
         w = flag.load(::cuda::memory_order_acquire);
       }
-      prefix[e] = static_cast<unsigned>(w >> 32);  // the entry's units, scanned in place below
+      prefix[e] = ready_units(w);  // the entry's units, scanned in place below
     }
   }
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(9);
 
   // Exclusive prefix of the entries' copy units.
   unsigned running = 0;
@@ -570,6 +830,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   if (tid == 0) prefix[C] = running;
   __syncthreads();
   const unsigned total = running;
+  DHISPARSE_RESOLVE_MARK(10);
   if (total == 0) return;
 
   constexpr unsigned warps = Block / 32;
@@ -581,26 +842,65 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
   const unsigned layers = p.layers_to_copy;
   const unsigned stride = gridDim.x * copy_warps * R;
-  for (unsigned u0 = (blockIdx.x * copy_warps + warp) * R; u0 < total; u0 += stride) {
+  const bool early = C <= Traits::early_copy_max_batch;
+  const plan_entry* const copy_plan = early ? ws.early_plan : ws.plan;
+  // One group of R units: the first chunk of every row is fetched before the destinations are
+  // known, then the warp waits for its entries' `placed` bit.
+  const auto copy_group = [&](unsigned u0) {
     const int4* s[RM];
-    int4* d[RM];
+    unsigned ent[RM], idx[RM], lay[RM];
     unsigned cnt = 0;
 #pragma unroll
     for (unsigned k = 0; k < RM; ++k) {
       const unsigned u = u0 + k;
       s[k] = nullptr;
-      d[k] = nullptr;
+      ent[k] = idx[k] = lay[k] = 0;
       if (k < R && u < total) {
         const unsigned e = entry_of_unit(prefix, C, u);
         const unsigned local = u - prefix[e];
         const unsigned m = local / layers, l = local - m * layers;
-        const plan_entry pe = load_plan(ws.plan + static_cast<std::size_t>(e) * Traits::top_k + m);
+        const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(e) * Traits::top_k + m);
         s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + l * layer_host_stride);
-        d[k] = reinterpret_cast<int4*>(src.layer_pool[l] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
+        ent[k] = e;
+        idx[k] = m;
+        lay[k] = l;
         ++cnt;
       }
     }
-    warp_copy_rows<RM>(s, d, cnt, vecs, lane);
+    const unsigned total_v = cnt * vecs;
+    int4 buf[copy_vectors_per_lane];
+    warp_load_chunk<RM>(s, total_v, vecs, lane, 0, buf);
+    int4* d[RM];
+#pragma unroll
+    for (unsigned k = 0; k < RM; ++k) {
+      d[k] = nullptr;
+      if (k < cnt) {
+        wait_placed(ws.ready, ent[k], epoch);
+        const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(ent[k]) * Traits::top_k + idx[k]);
+        if (pe.dst != no_location)  // a repeated row of an early copy: another unit writes it
+          d[k] = reinterpret_cast<int4*>(src.layer_pool[lay[k]] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
+      }
+    }
+    warp_store_chunk<RM>(d, total_v, vecs, lane, 0, buf);
+    for (unsigned v0 = copy_chunk_vectors; v0 < total_v; v0 += copy_chunk_vectors) {
+      warp_load_chunk<RM>(s, total_v, vecs, lane, v0, buf);
+      warp_store_chunk<RM>(d, total_v, vecs, lane, v0, buf);
+    }
+  };
+  if (early) {
+    // Small batches: warps claim groups from a counter, so the CTAs still busy with an entry's
+    // metadata (they arrive last) do not hold back a share of the copies.
+    for (;;) {
+      unsigned u0 = 0;
+      if (lane == 0) u0 = atomicAdd(&ws.control->copy_cursor, R);
+      u0 = __shfl_sync(0xffffffffu, u0, 0);
+      if (u0 >= total) break;
+      copy_group(u0);
+    }
+  } else {
+    // Consecutive R-unit groups go to consecutive CTAs (SMs) first: even a few hundred rows spread
+    // over every SM's load units and translation caches instead of filling a handful of CTAs.
+    for (unsigned u0 = (warp * gridDim.x + blockIdx.x) * R; u0 < total; u0 += stride) copy_group(u0);
   }
 }
 
@@ -617,6 +917,10 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
+  // The first ticket is taken by another warp while thread 0 reads the batch count: one round
+  // trip for both.
+  if (threadIdx.x == 32 || (Traits::warps == 1 && threadIdx.x == 0))
+    sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
   if (threadIdx.x == 0) {
     const unsigned requested = __ldcg(batch.count);
     const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
@@ -629,14 +933,16 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     }
   }
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(0);
   const unsigned C = sh.batch_count, epoch = sh.epoch;
 
   for (;;) {
-    if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
-    __syncthreads();
     const unsigned t = static_cast<unsigned>(sh.ticket);
     if (t >= C) break;
+    DHISPARSE_RESOLVE_MARK(1);
     resolve_metadata<Traits, OrderIndex>(sh, src, ws, batch, t, C, epoch, p);
+    __syncthreads();
+    if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
     __syncthreads();
   }
 
@@ -645,12 +951,14 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
 
   __syncthreads();
+  DHISPARSE_RESOLVE_MARK(11);
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
     if (done.fetch_add(1u, ::cuda::memory_order_acq_rel) == gridDim.x - 1u) {
       control_block* c = ws.control;
       c->ticket = 0;
       c->done = 0;
+      c->copy_cursor = 0;
       c->last_count = C;
       c->last_layers = p.layers_to_copy;
       c->epoch = epoch;
