@@ -393,11 +393,7 @@ class residency_manager {
       for (const auto& [seq, b] : by_seq_) {
         const std::string who = src + "request " + std::to_string(b.id) + ": ";
         if (!h_.contains(b.id)) return who + "not admitted in the hierarchy";
-        const auto frontier = static_cast<std::size_t>(h_.frontier(b.id, s));
-        const std::size_t eligible = traits::pins_history ? frontier / page_rows
-                                     : traits::keeps_optional_history
-                                         ? static_cast<std::size_t>(b.imported[s]) / page_rows
-                                         : 0;
+        const std::size_t eligible = eligible_pages(b, s);
         std::size_t count = 0;
         for (std::size_t page = 0; page < b.pages[s].size(); ++page) {
           const auto& e = b.pages[s][page];
@@ -645,11 +641,15 @@ class residency_manager {
     }
   }
 
+  /// Complete pages of a request/source that may be optional history: imported pages, or under a
+  /// pinning policy every complete page; none without optional history.
+  [[nodiscard]] std::size_t eligible_pages(const request_books& b, std::size_t s) const {
+    if (!traits::keeps_optional_history) return 0;
+    const std::int64_t rows = traits::pins_history ? h_.frontier(b.id, s) : b.imported[s];
+    return static_cast<std::size_t>(rows) / page_rows;
+  }
   [[nodiscard]] std::int64_t newest_unmapped(const request_books& b, std::size_t s) const {
-    const std::size_t eligible = traits::pins_history
-                                     ? static_cast<std::size_t>(h_.frontier(b.id, s)) / page_rows
-                                     : static_cast<std::size_t>(b.imported[s]) / page_rows;
-    for (std::size_t page = eligible; page-- > 0;)
+    for (std::size_t page = eligible_pages(b, s); page-- > 0;)
       if (b.pages[s][page].state == page_state::absent) return static_cast<std::int64_t>(page);
     return -1;
   }
