@@ -2,7 +2,7 @@
 // the GPU counterpart of tests/host/residency_model.cpp, shorter. Random operations (admissions
 // with imported history from device or host buffers, decode steps with resolves checked byte for
 // byte then one appended row per source, completions, pressure spikes, retries of waiting
-// admissions, repopulation) over four policies, two ways:
+// admissions, proactive backups, repopulation) over four policies, two ways:
 //  - lockstep: after every operation the GPU manager is drained and compared with the host
 //    manager (host/residency_manager.hpp) driven with the same calls: ledgers, every request's
 //    optional page count, admissions and reclaim choices (an admission the host admits after
@@ -63,8 +63,10 @@ class harness {
     if (lockstep_) ref_ = std::make_unique<Ref>(hcfg(mc), dh::residency_config{mc.required, mc.reserve});
   }
   ~harness() {
-    m_.drain();
-    // the manager destroys its own streams; ours goes after it (see make_stream)
+    try {
+      m_.drain();  // a failed check may leave work queued; the manager's destructor waits too
+    } catch (...) {
+    }
   }
 
   void run(std::size_t ops) {
@@ -77,6 +79,7 @@ class harness {
       else if (u < 60) decode_step();
       else if (u < 72) complete_one();
       else if (u < 84) retry_waiting();
+      else if (u < 89) m_.back_up(1 + uniform(6));  // proactive backups: no ledger change
       else repopulate();
       if (lockstep_) m_.drain();
       else m_.poll();

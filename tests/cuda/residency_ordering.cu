@@ -4,7 +4,9 @@
 //    the tail, the hot cache and the host), and is returned once published;
 //  - a device-only page under reclaim stays mapped until its host backup is complete, and its
 //    rows are still exact after it is retired;
-//  - a request completed while its fills are pending leaves nothing behind in a reused slot.
+//  - a request completed while its fills are pending leaves nothing behind in a reused slot;
+//  - pages backed up ahead of time (`back_up`) are unmapped at once by a reclaim;
+//  - bad admissions throw typed errors and change nothing.
 // Nothing here synchronises the whole device while the gate is closed: reads go through the step
 // stream, and the gate opens by itself after 20 s so a bug cannot hang the run.
 #include "cuda_test_support.cuh"
@@ -307,4 +309,73 @@ TEST_CASE("completing a request with fills in flight leaves nothing in its reuse
   }
   f.m.drain();
   f.require_audit("end");
+}
+
+TEST_CASE("pages backed up ahead of time retire without waiting for a backup", "[gpu][residency]") {
+  require_device();
+  fixture f;
+  std::vector<std::unique_ptr<dhc::device_buffer<std::byte>>> keep;
+  REQUIRE(f.admit_from_device(1, keep).status == dh::admit_status::admitted);
+  REQUIRE(f.m.back_up(1000) == 2 * (kRows / kPageRows));
+  f.m.drain();
+  f.require_audit("backed up");
+  for (std::size_t s = 0; s < Device::sources; ++s)
+    for (std::size_t p = 0; p < kRows / kPageRows; ++p) {
+      const auto st = f.m.page_of(1, s, p);
+      REQUIRE(st.state == dhc::page_state::ready);
+      REQUIRE_FALSE(st.device_only);
+      for (std::size_t r = p * kPageRows; r < (p + 1) * kPageRows; ++r) {
+        std::vector<std::byte> want(Layout::sources[s].row_bytes);
+        fill_row(want.data(), want.size(), 1, s, 0, static_cast<row_index>(r));
+        const auto got = f.m.hierarchy().host_row(1, s, 0, static_cast<row_index>(r));
+        INFO("host copy of request 1 source " << s << " row " << r);
+        REQUIRE(std::memcmp(got.data(), want.data(), want.size()) == 0);
+      }
+    }
+  REQUIRE(f.m.back_up(1000) == 0);  // nothing device-only is left
+  // a reclaim now unmaps at once: no page waits in backing_up
+  REQUIRE(f.admit_from_host(2).status == dh::admit_status::wait_for_reclaim);
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    REQUIRE(f.m.optional_pages_of(1, s) == 0);
+    REQUIRE(f.m.retiring_pages(s) == kRows / kPageRows);
+  }
+  f.require_audit("retiring");
+  f.m.drain();
+  REQUIRE(f.admit_from_host(2).status == dh::admit_status::admitted);
+  for (std::size_t s = 0; s < Device::sources; ++s) REQUIRE(f.resolve_all(1, s, "after reclaim") == 0);
+  f.m.drain();
+  f.require_audit("end");
+}
+
+TEST_CASE("bad admissions throw typed errors and change nothing", "[gpu][residency]") {
+  require_device();
+  fixture f;
+  REQUIRE(f.admit_from_host(1).status == dh::admit_status::admitted);
+  f.m.drain();
+  const auto ledger = f.m.ledger(0);
+  const auto free_host = f.m.hierarchy().free_host_pages(0);
+  REQUIRE_THROWS_AS(f.admit_from_host(1), dh::duplicate_admission);
+  {
+    std::vector<std::byte> rows(10);
+    std::array<dh::history_import, Device::sources> h{{{rows, 3}, {rows, 3}}};
+    REQUIRE_THROWS_AS(f.m.admit(5, std::span<const dh::history_import>(h)), dh::size_mismatch);
+  }
+  {
+    std::array<dhc::device_history_import, Device::sources> h{{{nullptr, 8}, {nullptr, 8}}};
+    REQUIRE_THROWS_AS(f.m.admit(5, std::span<const dhc::device_history_import>(h)), dh::size_mismatch);
+  }
+  {
+    dhc::device_buffer<std::byte> big((kRows + 1) * 64 * 2);
+    std::array<dhc::device_history_import, Device::sources> h{{{big.data(), kRows + 1}, {big.data(), kRows + 1}}};
+    REQUIRE_THROWS_AS(f.m.admit(5, std::span<const dhc::device_history_import>(h)), dh::capacity_exceeded);
+  }
+  {
+    std::array<dhc::device_history_import, 1> h{{{nullptr, 0}}};
+    REQUIRE_THROWS_AS(f.m.admit(5, std::span<const dhc::device_history_import>(h)), dh::size_mismatch);
+  }
+  REQUIRE_THROWS_AS(f.m.complete(77), dh::unknown_request);
+  REQUIRE_FALSE(f.m.contains(5));
+  REQUIRE(f.m.ledger(0) == ledger);
+  REQUIRE(f.m.hierarchy().free_host_pages(0) == free_host);
+  f.require_audit("after bad input");
 }

@@ -329,6 +329,48 @@ class residency_manager {
     return mapped;
   }
 
+  /// Backs up at most `max_pages` device-only pages ahead of any reclaim (newest admissions
+  /// first, on the copy stream), so that a later reclaim of those requests retires their pages
+  /// without waiting for a backup. An engine may call it when the PCIe link is idle. Returns the
+  /// pages queued; they stay ready and mapped, and become host-backed once `poll()` sees the copy.
+  std::size_t back_up(std::size_t max_pages) {
+    poll();
+    std::array<detail::page_batch, sources> batch{};
+    std::size_t queued = 0;
+    auto flush = [&] {
+      bool any = false;
+      for (const auto& bt : batch) any = any || bt.count > 0;
+      if (!any) return;
+      step_clock_.order_before(copy_stream_);  // behind the imports that wrote the pages
+      for (std::size_t s = 0; s < sources; ++s) {
+        DHISPARSE_CUDA_TRY(detail::launch_backup_pages(h_.view(s), batch[s], copy_stream_));
+        batch[s].count = 0;
+      }
+      const std::uint64_t t = copy_.record();
+      for (auto& [seq, b] : by_seq_)
+        for (std::size_t s = 0; s < sources; ++s)
+          for (auto& e : b.pages[s])
+            if (e.state == page_state::backing_up && e.ticket == unrecorded) e.ticket = t;
+    };
+    for (auto it = by_seq_.rbegin(); it != by_seq_.rend() && queued < max_pages; ++it) {
+      auto& b = it->second;
+      const auto slot = static_cast<std::int32_t>(h_.slot_of(b.id));
+      for (std::size_t s = 0; s < sources && queued < max_pages; ++s)
+        for (std::size_t page = b.pages[s].size(); page-- > 0 && queued < max_pages;) {
+          auto& e = b.pages[s][page];
+          if (e.state != page_state::ready || !e.device_only) continue;
+          e.state = page_state::backing_up;
+          e.ticket = unrecorded;
+          ++copy_pending_;
+          batch[s].push({slot, static_cast<std::int32_t>(page), e.pool, h_.host_page_of(b.id, s, page)});
+          ++queued;
+          if (batch[s].full()) flush();
+        }
+    }
+    flush();
+    return queued;
+  }
+
   /// Advances page states without blocking: finished fills and backups become ready, reclaims
   /// proceed (backup, then unmap on the step stream), retired pages return to the pool. Call it
   /// once a step (admit, complete and repopulate call it too).
