@@ -6,6 +6,8 @@
 //    rows are still exact after it is retired;
 //  - a request completed while its fills are pending leaves nothing behind in a reused slot;
 //  - pages backed up ahead of time (`back_up`) are unmapped at once by a reclaim;
+//  - with the step stream held, an unmapped page stays retiring (readers may still run) while
+//    admit and poll return at once;
 //  - bad admissions throw typed errors and change nothing.
 // Nothing here synchronises the whole device while the gate is closed: reads go through the step
 // stream, and the gate opens by itself after 20 s so a bug cannot hang the run.
@@ -378,4 +380,40 @@ TEST_CASE("bad admissions throw typed errors and change nothing", "[gpu][residen
   REQUIRE(f.m.ledger(0) == ledger);
   REQUIRE(f.m.hierarchy().free_host_pages(0) == free_host);
   f.require_audit("after bad input");
+}
+
+TEST_CASE("retirement waits for earlier step-stream work, and the host never waits for it", "[gpu][residency]") {
+  require_device();
+  fixture f;
+  REQUIRE(f.admit_from_host(1).status == dh::admit_status::admitted);
+  REQUIRE(f.m.back_up(1000) == 2 * (kRows / kPageRows));  // host-backed: the reclaim unmaps at once
+  f.m.drain();
+  gate g;
+  g.close(f.stream);  // the step stream is held: it stands for readers of the pages still running
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = f.admit_from_host(2);
+  for (int i = 0; i < 5; ++i) f.m.poll();
+  const auto r2 = f.admit_from_host(2);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("admit, poll and the retry took " << seconds << " s with the step stream held (they must not wait for it)");
+  CHECK(seconds < 2.0);
+  REQUIRE(r.status == dh::admit_status::wait_for_reclaim);
+  REQUIRE(r2.status == dh::admit_status::wait_for_reclaim);
+  f.require_audit("unmapped, readers pending");
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    REQUIRE(f.m.optional_pages_of(1, s) == 0);
+    REQUIRE(f.m.retiring_pages(s) == kRows / kPageRows);                  // not back in the pool
+    REQUIRE(f.m.hierarchy().free_optional_pages(s) == 16 - kRows / kPageRows);
+    REQUIRE(f.m.ledger(s).optional == kRows / kPageRows);                 // still counted in M_opt
+  }
+  g.open();
+  f.m.drain();
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    REQUIRE(f.m.retiring_pages(s) == 0);
+    REQUIRE(f.m.hierarchy().free_optional_pages(s) == 16);
+  }
+  REQUIRE(f.admit_from_host(2).status == dh::admit_status::admitted);
+  for (std::size_t s = 0; s < Device::sources; ++s) REQUIRE(f.resolve_all(1, s, "after retirement") == 0);
+  f.m.drain();
+  f.require_audit("end");
 }
