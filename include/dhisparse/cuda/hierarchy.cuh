@@ -46,6 +46,7 @@
 #include "batch.cuh"
 #include "buffers.cuh"
 #include "detail/copy_kernel.cuh"
+#include "detail/residency_kernels.cuh"
 #include "detail/resolve_kernel.cuh"
 #include "detail/staging_ring.cuh"
 #include "error.cuh"
@@ -458,6 +459,106 @@ class hierarchy {
   }
   void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
     unmap_optional_page(id, source, page, stream_);
+  }
+
+  // ------------------------------------------------------------------ residency primitives
+  // Used by cuda::residency_manager (cuda/residency_manager.cuh), which orders them with events:
+  // a pool page is reserved, filled, published, later unmapped in stream order, and returned to
+  // the pool only once no reader can still use it. map/unmap_optional_page above do all of it in
+  // one stream instead.
+
+  /// Reserves a free optional pool page for complete history page `page` of a request without
+  /// copying or publishing anything (the page stays invisible to the resolver); -1 when no pool page
+  /// is free. Throws position_beyond_frontier for an incomplete page, and invalid_configuration
+  /// when the page already holds one.
+  std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    const auto taken = src_[source].books.take_optional(id, source, slot, page);
+    if (!taken) return -1;
+    if (!taken->second)
+      throw invalid_configuration("page " + std::to_string(page) + " of request " + std::to_string(id) + " on source " +
+                                  std::to_string(source) + " already holds optional pool page " +
+                                  std::to_string(taken->first));
+    return taken->first;
+  }
+  /// Takes a history page's pool page out of the books without returning it to the pool and
+  /// without touching the device map (unmap it in stream order first); -1 when it had none.
+  std::int32_t detach_optional_page(request_id id, std::size_t source, std::size_t page) {
+    check_source(source);
+    return src_[source].books.detach_optional(id, registry_.slot(id), page);
+  }
+  /// Returns a detached pool page to the free pool, once no reader or copy can still use it.
+  void recycle_optional_page(std::size_t source, std::int32_t pool_page) {
+    check_source(source);
+    if (pool_page < 0 || static_cast<std::size_t>(pool_page) >= cfg_.optional_pages)
+      throw position_out_of_range("optional pool page " + std::to_string(pool_page) + " outside the pool of " +
+                                  std::to_string(cfg_.optional_pages));
+    src_[source].books.recycle_optional(pool_page);
+  }
+  /// Host-store page of history page `page` of a request (-1 while none of its rows exist).
+  [[nodiscard]] std::int32_t host_page_of(request_id id, std::size_t source, std::size_t page) const {
+    check_source(source);
+    const auto& pages = src_[source].books.slot(registry_.slot(id)).host_pages;
+    if (page >= pages.size())
+      throw position_out_of_range("page " + std::to_string(page) + " outside the request's " +
+                                  std::to_string(pages.size()) + " history pages");
+    return static_cast<std::int32_t>(pages[page]);
+  }
+
+  /// Imports `count` rows from device-accessible memory ([payload layer][count][row_bytes]), the
+  /// prefilled history of a request (resident-first): the newest `device_pages` complete pages that
+  /// lie wholly in the imported rows get fresh optional pool pages and are written there only
+  /// (device-only: their host-store pages are allocated, their host copy is deferred); every other
+  /// row goes to the host store; the newest T rows also to the tail. The pool pages are published in
+  /// `stream` behind the rows. Returns (history page, pool page) of every device-only page, newest
+  /// first; fewer than `device_pages` when fewer are eligible or free. Same errors as `append`.
+  std::vector<std::pair<std::size_t, std::int32_t>> import_rows(request_id id, std::size_t source, const std::byte* rows,
+                                                                std::size_t count, std::size_t device_pages,
+                                                                cudaStream_t stream) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& src = src_[source];
+    src.books.check_append(id, source, slot, count);
+    std::vector<std::pair<std::size_t, std::int32_t>> taken;
+    if (count == 0) return taken;
+    const auto a = src.books.commit_append(slot, count);
+    const std::size_t first_whole = pages_for(a.first_row);  // first page starting inside the import
+    std::vector<std::int32_t> pool_of_page(pages_per_request_, -1);
+    try {
+      for (std::size_t page = static_cast<std::size_t>(a.last_row) / page_rows;
+           page-- > first_whole && taken.size() < device_pages;) {
+        const auto t = src.books.take_optional(id, source, slot, page);
+        if (!t) break;
+        pool_of_page[page] = t->first;
+        taken.emplace_back(page, t->first);
+      }
+      const std::size_t lo = static_cast<std::size_t>(a.first_row) / page_rows, hi = a.last_page;
+      void* tmp = nullptr;
+      DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, pages_per_request_ * sizeof(std::int32_t), stream));
+      auto* dev_pool_of_page = static_cast<std::int32_t*>(tmp);
+      // Pageable sources: cudaMemcpyAsync stages them before returning, so the vectors may go.
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(dev_pool_of_page + lo, pool_of_page.data() + lo, (hi - lo) * sizeof(std::int32_t),
+                                         cudaMemcpyHostToDevice, stream));
+      if (a.last_page > a.first_page)
+        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
+                                           src.books.slot(slot).host_pages.data() + a.first_page,
+                                           (a.last_page - a.first_page) * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                           stream));
+      DHISPARSE_CUDA_TRY(detail::launch_import(src.view, static_cast<unsigned>(slot), rows, a.first_row,
+                                               static_cast<unsigned>(count), a.last_row, dev_pool_of_page,
+                                               sm_count_ * 8, stream));
+      // Publish behind the rows (stream order), so a pending page is never visible. Pages of the
+      // range without a pool page hold -1 in both: none of them was complete before the import.
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.optional_page + slot * pages_per_request_ + lo, dev_pool_of_page + lo,
+                                         (hi - lo) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream));
+      DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+    } catch (...) {
+      for (const auto& [page, g] : taken) src.books.release_optional(id, slot, page);
+      src.books.undo_append(slot, a);
+      throw;
+    }
+    return taken;
   }
 
   [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const {

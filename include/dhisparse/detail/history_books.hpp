@@ -133,6 +133,19 @@ class history_books {
     return true;
   }
 
+  /// Takes the optional pool page of a history page out of the slot's map without returning it to
+  /// the pool (a GPU reader may still use it: the caller recycles it later); -1 when it had none.
+  std::int32_t detach_optional(request_id id, std::size_t s, std::size_t page) {
+    auto& st = slots_[s];
+    check_page(id, page);
+    const std::int32_t g = st.optional_page[page];
+    st.optional_page[page] = -1;
+    return g;
+  }
+
+  /// Returns a pool page detached by `detach_optional` to the pool.
+  void recycle_optional(std::int32_t g) { give_back_optional(g); }
+
   /// Returns every host and optional page of a slot and empties it (request completion).
   void release_slot(std::size_t s) {
     auto& st = slots_[s];

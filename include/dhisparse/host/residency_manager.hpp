@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/residency_reclaim.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
 #include "../layout.hpp"
@@ -65,6 +66,7 @@ enum class admit_status : std::uint8_t {
   wait_for_slot,        ///< every request slot of the hierarchy is taken
   wait_for_memory,      ///< the optional pages of all admitted requests cannot cover the deficit
   wait_for_host_pages,  ///< the host store cannot hold the imported history now
+  wait_for_reclaim,     ///< CUDA backend: pages are being reclaimed for this request; retry after `poll()`
 };
 
 constexpr const char* to_string(admit_status s) noexcept {
@@ -73,6 +75,7 @@ constexpr const char* to_string(admit_status s) noexcept {
     case admit_status::wait_for_slot: return "wait_for_slot";
     case admit_status::wait_for_memory: return "wait_for_memory";
     case admit_status::wait_for_host_pages: return "wait_for_host_pages";
+    case admit_status::wait_for_reclaim: return "wait_for_reclaim";
   }
   return "unknown";
 }
@@ -113,6 +116,7 @@ struct residency_counters {
   std::size_t waits_for_slot = 0;
   std::size_t waits_for_memory = 0;
   std::size_t waits_for_host_pages = 0;
+  std::size_t waits_for_reclaim = 0;   ///< CUDA backend: admissions waiting for reclaimed pages to retire
   std::size_t completions = 0;
   std::size_t pages_mapped = 0;        ///< optional pages mapped (admission, append, repopulation)
   std::size_t pages_repopulated = 0;   ///< of pages_mapped: by repopulate()
@@ -218,36 +222,25 @@ class residency_manager {
 
     // Deficit and the whole requests that cover it, before anything changes.
     const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
-    std::array<std::size_t, sources> deficit{};
-    bool short_of_pages = false;
-    for (std::size_t s = 0; s < sources; ++s) {
-      const std::size_t used = required_[s] + optional_[s] + cfg_.reserve_pages + take;
-      deficit[s] = used > capacity_pages() ? used - capacity_pages() : 0;
-      short_of_pages = short_of_pages || deficit[s] > 0;
-    }
-    std::vector<request_books*> victims;
-    if (short_of_pages) {
-      std::array<std::size_t, sources> covered{};
-      auto covers = [&] {
-        for (std::size_t s = 0; s < sources; ++s)
-          if (covered[s] < deficit[s]) return false;
-        return true;
-      };
+    std::array<std::size_t, sources> used{};
+    for (std::size_t s = 0; s < sources; ++s) used[s] = required_[s] + optional_[s] + cfg_.reserve_pages;
+    const auto deficit = detail::residency_deficit<sources>(used, take, capacity_pages());
+    std::vector<request_books*> walk;  // candidates in reclaim order (pinned pages are never reclaimed)
+    std::vector<std::array<std::size_t, sources>> held;
+    if (!traits::pins_history) {
       auto visit = [&](request_books& b) {
-        if (covers()) return;
-        if (traits::pins_history) return;  // pinned pages are never reclaimed
-        std::size_t held = 0;
-        for (std::size_t s = 0; s < sources; ++s) held += b.mapped[s];
-        if (held == 0) return;  // holds nothing: not one of the q
-        victims.push_back(&b);
-        for (std::size_t s = 0; s < sources; ++s) covered[s] += b.mapped[s];
+        walk.push_back(&b);
+        held.push_back(b.mapped);
       };
       if constexpr (traits::order == reclaim_order::most_recent_first)
         for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
       else
         for (auto& [seq, b] : by_seq_) visit(b);
-      if (!covers()) return wait(result, admit_status::wait_for_memory);
     }
+    const auto picked = detail::pick_whole_requests<sources>(held, deficit);
+    if (!picked) return wait(result, admit_status::wait_for_memory);
+    std::vector<request_books*> victims;
+    for (std::size_t i : *picked) victims.push_back(walk[i]);
 
     // Commit: reclaim, admit, import, map.
     for (request_books* v : victims) {

@@ -1,0 +1,851 @@
+#pragma once
+/// \file
+/// `dhisparse::cuda::residency_manager`: load-adaptive residency on the CUDA backend (paper
+/// §3.1-3.2, docs/residency.md) with the semantics of the host reference
+/// (host/residency_manager.hpp: same ledger, same resident-first admission, whole-request reclaim
+/// choice (detail/residency_reclaim.hpp), completion and bounded round-robin repopulation), plus
+/// what only a GPU has: page states, deferred host backup and stream/event ordering.
+///
+/// Streams. The *step stream* (the hierarchy's stream unless given) carries everything that
+/// readers are ordered against: resolves, appends, imports, optional-map unmaps and completion
+/// resets. The manager's own *copy stream* carries page fills from the host store and backups of
+/// device-only pages, so they overlap decoding. A `stream_clock` on each stream turns "work enqueued
+/// so far" into tickets that `poll()` retires with cudaEventQuery: no call of this class waits for
+/// the device on the host (except `drain()`, a test and shutdown helper).
+///
+/// Page life (per request, source, history page):
+///  - filling: a pool page is reserved (counted in M_opt), the fill and then the map publish are
+///    enqueued on the copy stream after the step stream's work so far (the slot's admission and
+///    reset precede it). The map entry is written only behind the copy, so a pending page is never
+///    visible: the resolver keeps serving those rows from the hot cache and the host.
+///  - ready: published. An imported page may be *device-only* (its host copy deferred): it was
+///    written from the prefill straight into its pool page and published on the step stream
+///    behind the write.
+///  - reclaim (whole requests, under pressure): a device-only page is first backed up on the copy
+///    stream (ordered after the import on the step stream); once the backup's ticket completes, or
+///    at once for host-backed pages, the map entry is unmapped on the step stream, so every resolve
+///    enqueued later misses to the host copy; the pool page is *retiring* until the step stream's
+///    ticket behind that unmap completes, i.e. until every earlier reader (resolves and whatever the
+///    engine enqueued on the step stream before the unmap) has finished; then it is free.
+///    A page still filling is unmapped only after its fill's ticket completes.
+///  - completion: the request's pages retire the same way (behind the slot reset); if copy-stream
+///    work for the request is in flight, the step stream waits for it on the device first, so no
+///    late publish or backup can touch a reused slot or host page.
+///
+/// Admission that needs reclaim cannot finish at once (the pages retire later): `admit` starts the
+/// reclaim, *claims* the request's required pages against the capacity being freed, and returns
+/// `admit_status::wait_for_reclaim`; a later `admit` of the same id (after `poll()`, e.g. the next
+/// step) admits it. Claimed capacity is kept out of repopulation and of other admissions, so
+/// a claim is always satisfied once its pages retire. Invariant 3 counts retiring pages in M_opt,
+/// so `M_req + M_opt + M_res <= M` holds after every call.
+///
+/// Readers: locations returned by a resolve stay valid until the engine's later step-stream work;
+/// an engine that reads them on another stream must order that stream before the step stream
+/// (cudaStreamWaitEvent) so retirement waits for it too.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../detail/residency_reclaim.hpp"
+#include "../errors.hpp"
+#include "../hierarchy_types.hpp"
+#include "../host/residency_manager.hpp"
+#include "../policies/residency.hpp"
+#include "../types.hpp"
+#include "detail/residency_kernels.cuh"
+#include "detail/stream_clock.cuh"
+#include "error.cuh"
+#include "hierarchy.cuh"
+
+namespace dhisparse::cuda {
+
+/// Prefilled history of one source in device-accessible memory (device memory of a prefill
+/// engine, or pinned host memory): `count` rows laid out [payload layer][count][row_bytes].
+struct device_history_import {
+  const std::byte* rows = nullptr;
+  std::size_t count = 0;
+};
+
+/// Where one history page of a request is (for tests and inspection).
+enum class page_state : std::uint8_t {
+  absent,      ///< not on the GPU: served by the tail, the hot cache or the host copy
+  filling,     ///< pool page reserved, fill and publish in flight (not visible to the resolver)
+  ready,       ///< published in the optional map
+  backing_up,  ///< ready, device-only, its host backup in flight (reclaim in progress)
+};
+
+struct page_status {
+  page_state state = page_state::absent;
+  std::int32_t pool_page = -1;
+  bool device_only = false;  ///< the host copy does not exist yet (imported resident-first)
+};
+
+template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
+class residency_manager {
+ public:
+  using hierarchy_type = Hierarchy;
+  using policy = Policy;
+  using traits = residency_traits<Policy>;
+  using layout = typename Hierarchy::layout;
+  static constexpr std::size_t sources = Hierarchy::sources;
+  static constexpr std::size_t page_rows = Hierarchy::page_rows;
+
+  /// Builds the hierarchy on `step_stream` (the stream resolves, appends and imports are ordered
+  /// on) and a non-blocking copy stream. Throws invalid_configuration as the host manager does.
+  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg, cudaStream_t step_stream = nullptr)
+      : h_(hcfg, step_stream), cfg_(rcfg), step_(step_stream) {
+    const std::size_t m = capacity_pages();
+    const std::size_t need = cfg_.required_pages + cfg_.reserve_pages + pinned_pages_per_request();
+    if (need > m)
+      throw invalid_configuration("residency: one request needs " + std::to_string(need) +
+                                  " pages per source (required + reserve" +
+                                  (traits::pins_history ? std::string(" + pinned history") : std::string()) +
+                                  ") but the optional pool has " + std::to_string(m) + ": nothing could be admitted");
+    DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    copy_ = detail::stream_clock(copy_stream_);
+  }
+  residency_manager(const residency_manager&) = delete;
+  residency_manager& operator=(const residency_manager&) = delete;
+  /// Waits for both streams, then releases the copy stream.
+  ~residency_manager() {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamSynchronize(step_);
+    copy_ = detail::stream_clock();
+    step_clock_ = detail::stream_clock();
+    cudaStreamDestroy(copy_stream_);
+  }
+
+  [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
+  /// The hierarchy, for resolve / copy_follower / reads. Never admit, complete, append, map or
+  /// unmap through it directly (use this class), or the books and the device maps disagree.
+  [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  [[nodiscard]] cudaStream_t step_stream() const { return step_; }
+  [[nodiscard]] cudaStream_t copy_stream() const { return copy_stream_; }
+  [[nodiscard]] const residency_config& config() const { return cfg_; }
+  [[nodiscard]] const residency_counters& counters() const { return counters_; }
+  [[nodiscard]] std::size_t capacity_pages() const { return h_.config().optional_pages; }
+  [[nodiscard]] std::size_t pinned_pages_per_request() const {
+    return traits::pins_history ? h_.config().max_rows / page_rows : 0;
+  }
+  [[nodiscard]] bool contains(request_id id) const { return seq_of_.contains(id); }
+  [[nodiscard]] std::size_t admitted_count() const { return seq_of_.size(); }
+  /// Requests whose admission waits for reclaimed pages to retire.
+  [[nodiscard]] std::size_t claims() const { return claims_.size(); }
+  [[nodiscard]] bool claimed(request_id id) const { return claims_.contains(id); }
+
+  [[nodiscard]] residency_ledger ledger(std::size_t source) const {
+    check_source(source);
+    return {capacity_pages(), required_[source], held_[source], cfg_.reserve_pages};
+  }
+  [[nodiscard]] bool invariant_holds() const {
+    for (std::size_t s = 0; s < sources; ++s)
+      if (!ledger(s).holds()) return false;
+    return true;
+  }
+  /// Pool pages of a source that are retiring (unmapped, waiting for earlier readers).
+  [[nodiscard]] std::size_t retiring_pages(std::size_t source) const {
+    check_source(source);
+    std::size_t n = 0;
+    for (const auto& r : retiring_)
+      if (r.source == source) ++n;
+    return n;
+  }
+  /// Optional pages a request holds on a source (filling, ready or backing up).
+  [[nodiscard]] std::size_t optional_pages_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return books_of(id).mapped[source];
+  }
+  [[nodiscard]] std::int64_t imported_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return books_of(id).imported[source];
+  }
+  /// State of one history page of a request (host books, as of the last `poll()`).
+  [[nodiscard]] page_status page_of(request_id id, std::size_t source, std::size_t history_page) const {
+    check_source(source);
+    const auto& b = books_of(id);
+    if (history_page >= b.pages[source].size()) throw position_out_of_range("history page outside the request");
+    const auto& e = b.pages[source][history_page];
+    return {e.state, e.pool, e.device_only};
+  }
+  /// True while a request's pages are being reclaimed.
+  [[nodiscard]] bool reclaiming(request_id id) const { return books_of(id).reclaiming; }
+  [[nodiscard]] std::vector<request_id> reclaim_sequence() const {
+    std::vector<request_id> ids;
+    for (const auto& [seq, b] : by_seq_) ids.push_back(b.id);
+    if constexpr (traits::order == reclaim_order::most_recent_first) std::reverse(ids.begin(), ids.end());
+    return ids;
+  }
+
+  // ------------------------------------------------------------------ admission
+
+  /// Resident-first admission of a prefill held in device-accessible memory (one import per
+  /// source, or none); see the file comment and the host manager. Returns `wait_for_reclaim` when
+  /// pages must retire first: call `admit` again with the same id and history later (the buffers
+  /// must stay valid until the call that admits). Throws (state unchanged) on bad input.
+  residency_admission admit(request_id id, std::span<const device_history_import> history = {}) {
+    for (const auto& hi : history)
+      if (hi.count > 0 && hi.rows == nullptr)
+        throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.count) +
+                            " rows from a null device pointer");
+    return admit_impl(id, history.size(), [&](std::size_t s) { return history[s].count; },
+                      [&](std::size_t s, std::size_t device_pages) {
+                        return h_.import_rows(id, s, history[s].rows, history[s].count, device_pages, step_);
+                      });
+  }
+  residency_admission admit(request_id id, std::initializer_list<device_history_import> history) {
+    return admit(id, std::span<const device_history_import>(history.begin(), history.size()));
+  }
+  /// The same from host memory (any, pageable included; the host manager's signature): the rows are
+  /// staged through a stream-ordered device allocation, then imported as above.
+  residency_admission admit(request_id id, std::span<const history_import> history) {
+    for (std::size_t s = 0; s < history.size() && s < sources; ++s) {
+      const auto& d = layout::sources[s];
+      if (history[s].count <= h_.config().max_rows &&
+          history[s].rows.size() != history[s].count * d.payload_layers * d.row_bytes)
+        throw size_mismatch("residency: request " + std::to_string(id) + " imports " +
+                            std::to_string(history[s].rows.size()) + " bytes for " + std::to_string(history[s].count) +
+                            " rows on source " + std::to_string(s) + ", expected " +
+                            std::to_string(history[s].count * d.payload_layers * d.row_bytes));
+    }
+    return admit_impl(id, history.size(), [&](std::size_t s) { return history[s].count; },
+                      [&](std::size_t s, std::size_t device_pages) {
+                        void* tmp = nullptr;
+                        DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, history[s].rows.size(), step_));
+                        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, history[s].rows.data(), history[s].rows.size(),
+                                                           cudaMemcpyHostToDevice, step_));
+                        auto taken = h_.import_rows(id, s, static_cast<const std::byte*>(tmp), history[s].count,
+                                                    device_pages, step_);
+                        DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, step_));
+                        return taken;
+                      });
+  }
+  residency_admission admit(request_id id, std::initializer_list<history_import> history) {
+    return admit(id, std::span<const history_import>(history.begin(), history.size()));
+  }
+
+  /// Gives up a waiting admission's claim (the engine will not retry it).
+  void withdraw(request_id id) {
+    const auto it = claims_.find(id);
+    if (it == claims_.end()) return;
+    for (std::size_t s = 0; s < sources; ++s) claimed_[s] -= it->second;
+    claims_.erase(it);
+  }
+
+  /// Appends decode rows on the step stream (device-accessible rows; as hierarchy::append). Under
+  /// a pinning policy the pages this append completes are filled from the host at once.
+  void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count) {
+    auto& b = books_of(id);
+    const std::int64_t before = h_.frontier(id, source);
+    h_.append(id, source, rows, count, step_);
+    after_append(b, source, before);
+  }
+  /// Appends decode rows from any host memory (staged; as hierarchy::append's span overload).
+  void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    auto& b = books_of(id);
+    const std::int64_t before = h_.frontier(id, source);
+    h_.append(id, source, rows, count, step_);
+    after_append(b, source, before);
+  }
+
+  /// Completes a request: slot, host pages and required pages are released; its pool pages retire
+  /// behind the slot reset on the step stream. Throws unknown_request for a request not admitted.
+  void complete(request_id id) {
+    const auto it = seq_of_.find(id);
+    if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
+    poll();
+    auto& b = by_seq_.at(it->second);
+    bool copy_work = false;
+    for (std::size_t s = 0; s < sources; ++s)
+      for (const auto& e : b.pages[s]) copy_work = copy_work || e.state == page_state::filling || e.state == page_state::backing_up;
+    // Late publishes and backups of this slot must land before the reset and before the slot or its
+    // host pages are reused: order the step stream after the copy stream (on the device).
+    if (copy_work) copy_.order_before(step_);
+    std::vector<retiring_page> leaving;
+    for (std::size_t s = 0; s < sources; ++s)
+      for (std::size_t page = 0; page < b.pages[s].size(); ++page) {
+        auto& e = b.pages[s][page];
+        if (e.state == page_state::absent) continue;
+        if (e.state == page_state::filling || e.state == page_state::backing_up) --copy_pending_;
+        const std::int32_t g = h_.detach_optional_page(id, s, page);
+        leaving.push_back({s, g, 0});
+        if (!b.reclaiming) ++doomed_[s];
+        e = {};
+      }
+    h_.complete(id, step_);
+    const std::uint64_t t = step_clock_.record();
+    for (auto& r : leaving) {
+      r.ticket = t;
+      retiring_.push_back(r);
+    }
+    for (std::size_t s = 0; s < sources; ++s) required_[s] -= cfg_.required_pages + b.pinned_left[s];
+    by_seq_.erase(it->second);
+    seq_of_.erase(it);
+    ++counters_.completions;
+  }
+
+  /// Bounded round-robin repopulation as on the host (at most `pages_per_attempt` pages, newest
+  /// unmapped eligible page first, requests being reclaimed passed over); the fills run on the copy
+  /// stream and are published behind them. Returns the pages reserved.
+  std::size_t repopulate() {
+    ++counters_.repopulate_calls;
+    if constexpr (!traits::keeps_optional_history) return 0;
+    poll();
+    std::array<detail::page_batch, sources> batch{};
+    std::size_t mapped = 0;
+    while (mapped < traits::pages_per_attempt && !by_seq_.empty()) {
+      bool progress = false;
+      auto start = by_seq_.upper_bound(cursor_);
+      for (std::size_t n = 0, total = by_seq_.size(); n < total && mapped < traits::pages_per_attempt; ++n) {
+        if (start == by_seq_.end()) start = by_seq_.begin();
+        auto& [seq, b] = *start;
+        bool served = false;
+        for (std::size_t s = 0; s < sources && mapped < traits::pages_per_attempt && !b.reclaiming; ++s) {
+          const auto page = newest_unmapped(b, s);
+          if (page < 0) continue;
+          if (!fill_one(b, s, static_cast<std::size_t>(page), batch)) continue;
+          ++mapped;
+          ++counters_.pages_repopulated;
+          served = true;
+        }
+        if (served) {
+          cursor_ = seq;
+          progress = true;
+        }
+        ++start;
+      }
+      if (!progress) break;
+    }
+    flush_fills(batch);
+    return mapped;
+  }
+
+  /// Backs up at most `max_pages` device-only pages ahead of any reclaim (newest admissions
+  /// first, on the copy stream), so that a later reclaim of those requests retires their pages
+  /// without waiting for a backup. An engine may call it when the PCIe link is idle. Returns the
+  /// pages queued; they stay ready and mapped, and become host-backed once `poll()` sees the copy.
+  std::size_t back_up(std::size_t max_pages) {
+    poll();
+    std::array<detail::page_batch, sources> batch{};
+    std::size_t queued = 0;
+    auto flush = [&] {
+      bool any = false;
+      for (const auto& bt : batch) any = any || bt.count > 0;
+      if (!any) return;
+      step_clock_.order_before(copy_stream_);  // behind the imports that wrote the pages
+      for (std::size_t s = 0; s < sources; ++s) {
+        DHISPARSE_CUDA_TRY(detail::launch_backup_pages(h_.view(s), batch[s], copy_stream_));
+        batch[s].count = 0;
+      }
+      const std::uint64_t t = copy_.record();
+      for (auto& [seq, b] : by_seq_)
+        for (std::size_t s = 0; s < sources; ++s)
+          for (auto& e : b.pages[s])
+            if (e.state == page_state::backing_up && e.ticket == unrecorded) e.ticket = t;
+    };
+    for (auto it = by_seq_.rbegin(); it != by_seq_.rend() && queued < max_pages; ++it) {
+      auto& b = it->second;
+      const auto slot = static_cast<std::int32_t>(h_.slot_of(b.id));
+      for (std::size_t s = 0; s < sources && queued < max_pages; ++s)
+        for (std::size_t page = b.pages[s].size(); page-- > 0 && queued < max_pages;) {
+          auto& e = b.pages[s][page];
+          if (e.state != page_state::ready || !e.device_only) continue;
+          e.state = page_state::backing_up;
+          e.ticket = unrecorded;
+          ++copy_pending_;
+          batch[s].push({slot, static_cast<std::int32_t>(page), e.pool, h_.host_page_of(b.id, s, page)});
+          ++queued;
+          if (batch[s].full()) flush();
+        }
+    }
+    flush();
+    return queued;
+  }
+
+  /// Advances page states without blocking: finished fills and backups become ready, reclaims
+  /// proceed (backup, then unmap on the step stream), retired pages return to the pool. Call it
+  /// once a step (admit, complete and repopulate call it too).
+  void poll() {
+    copy_.poll();
+    step_clock_.poll();
+    // Retirement: every earlier reader on the step stream has finished.
+    std::size_t kept = 0;
+    for (auto& r : retiring_) {
+      if (step_clock_.done(r.ticket)) {
+        h_.recycle_optional_page(r.source, r.pool);
+        --held_[r.source];
+        --doomed_[r.source];
+      } else {
+        retiring_[kept++] = r;
+      }
+    }
+    retiring_.resize(kept);
+    // Fills and backups that finished (the scan is skipped while none is in flight).
+    if (copy_pending_ > 0)
+      for (auto& [seq, b] : by_seq_)
+        for (std::size_t s = 0; s < sources; ++s)
+          for (auto& e : b.pages[s]) {
+            if (e.state == page_state::filling && copy_.done(e.ticket)) {
+              e.state = page_state::ready;
+              --copy_pending_;
+            }
+            if (e.state == page_state::backing_up && copy_.done(e.ticket)) {
+              e.state = page_state::ready;
+              e.device_only = false;
+              --copy_pending_;
+            }
+          }
+    advance_reclaims();
+  }
+
+  /// Blocks until both streams are idle and every in-flight page step has finished (tests,
+  /// benchmarks and shutdown; never on the step path).
+  void drain() {
+    for (int round = 0; round < 8; ++round) {
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(copy_stream_));
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(step_));
+      poll();  // may enqueue backups and unmaps: go round again
+      if (copy_.idle() && step_clock_.idle() && retiring_.empty() && copy_pending_ == 0 && !any_reclaiming()) return;
+    }
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(copy_stream_));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(step_));
+    poll();
+  }
+
+  /// Cross-checks the ledger and the books (host only; no device access). "" when consistent.
+  [[nodiscard]] std::string audit() const {
+    const std::size_t m = capacity_pages();
+    if (h_.admitted_count() != by_seq_.size())
+      return "hierarchy admits " + std::to_string(h_.admitted_count()) + " requests, the books " +
+             std::to_string(by_seq_.size());
+    std::size_t claim_total = 0;
+    for (const auto& [id, take] : claims_) claim_total += take;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const std::string src = "source " + std::to_string(s) + ": ";
+      std::size_t req = 0, held = 0, doomed = 0;
+      for (const auto& [seq, b] : by_seq_) {
+        const std::string who = src + "request " + std::to_string(b.id) + ": ";
+        if (!h_.contains(b.id)) return who + "not admitted in the hierarchy";
+        const std::size_t eligible = eligible_pages(b, s);
+        std::size_t count = 0;
+        for (std::size_t page = 0; page < b.pages[s].size(); ++page) {
+          const auto& e = b.pages[s][page];
+          if (e.state == page_state::absent) {
+            if (e.device_only) return who + "page " + std::to_string(page) + " is device-only but not on the GPU";
+            continue;
+          }
+          ++count;
+          if (page >= eligible)
+            return who + "page " + std::to_string(page) + " is mapped but only " + std::to_string(eligible) +
+                   " pages are eligible";
+          if (e.pool < 0) return who + "page " + std::to_string(page) + " is mapped without a pool page";
+        }
+        if (count != b.mapped[s])
+          return who + std::to_string(count) + " pages held, the books say " + std::to_string(b.mapped[s]);
+        if (traits::pins_history && b.pinned_left[s] + b.mapped[s] != pinned_pages_per_request())
+          return who + "pinned reservation " + std::to_string(b.pinned_left[s]) + " + mapped " +
+                 std::to_string(b.mapped[s]) + " != " + std::to_string(pinned_pages_per_request());
+        req += cfg_.required_pages + b.pinned_left[s];
+        held += b.mapped[s];
+        if (b.reclaiming) doomed += b.mapped[s];
+      }
+      const std::size_t retiring = retiring_pages(s);
+      held += retiring;
+      doomed += retiring;
+      if (req != required_[s]) return src + "M_req is " + std::to_string(required_[s]) + ", books sum to " + std::to_string(req);
+      if (held != held_[s]) return src + "M_opt is " + std::to_string(held_[s]) + ", books sum to " + std::to_string(held);
+      if (doomed != doomed_[s])
+        return src + std::to_string(doomed_[s]) + " pages counted as being reclaimed, books sum to " + std::to_string(doomed);
+      if (claim_total != claimed_[s])
+        return src + std::to_string(claimed_[s]) + " pages claimed, claims sum to " + std::to_string(claim_total);
+      if (!ledger(s).holds())
+        return src + "M_req + M_opt + M_res = " + std::to_string(req) + " + " + std::to_string(held) + " + " +
+               std::to_string(cfg_.reserve_pages) + " exceeds M = " + std::to_string(m);
+      if (h_.free_optional_pages(s) + held != m)
+        return src + std::to_string(h_.free_optional_pages(s)) + " free + " + std::to_string(held) +
+               " held optional pages != " + std::to_string(m);
+    }
+    return {};
+  }
+
+ private:
+  static constexpr std::uint64_t unrecorded = ~std::uint64_t{0};  // queued, ticket not yet recorded
+  struct page_entry {
+    page_state state = page_state::absent;
+    bool device_only = false;
+    std::int32_t pool = -1;
+    std::uint64_t ticket = 0;  // copy-stream ticket of the fill or backup in flight
+  };
+  struct request_books {
+    request_id id = 0;
+    std::array<std::int64_t, sources> imported{};
+    std::array<std::size_t, sources> mapped{};       // pool pages held: filling, ready, backing up
+    std::array<std::size_t, sources> pinned_left{};  // pinning: reserved pages not yet mapped
+    std::array<std::vector<page_entry>, sources> pages;
+    bool reclaiming = false;
+  };
+  struct retiring_page {
+    std::size_t source = 0;
+    std::int32_t pool = -1;
+    std::uint64_t ticket = 0;  // step-stream ticket behind the unmap (or the completion reset)
+  };
+
+  static void check_source(std::size_t source) {
+    if (source >= sources)
+      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
+  [[nodiscard]] const request_books& books_of(request_id id) const {
+    const auto it = seq_of_.find(id);
+    if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
+    return by_seq_.at(it->second);
+  }
+  [[nodiscard]] request_books& books_of(request_id id) {
+    return const_cast<request_books&>(std::as_const(*this).books_of(id));
+  }
+  [[nodiscard]] bool any_reclaiming() const {
+    for (const auto& [seq, b] : by_seq_)
+      if (b.reclaiming) return true;
+    return false;
+  }
+  /// Pages optional history may still take: the ledger's spare less the claims of waiting admissions.
+  [[nodiscard]] std::size_t spare(std::size_t s) const {
+    const std::size_t sp = ledger(s).spare();
+    return sp > claimed_[s] ? sp - claimed_[s] : 0;
+  }
+  residency_admission& wait(residency_admission& r, admit_status why) {
+    r.status = why;
+    ++counters_.admissions_waited;
+    if (why == admit_status::wait_for_slot) ++counters_.waits_for_slot;
+    if (why == admit_status::wait_for_memory) ++counters_.waits_for_memory;
+    if (why == admit_status::wait_for_host_pages) ++counters_.waits_for_host_pages;
+    if (why == admit_status::wait_for_reclaim) ++counters_.waits_for_reclaim;
+    return r;
+  }
+
+  template <class CountOf, class Import>
+  residency_admission admit_impl(request_id id, std::size_t imports, CountOf count_of, Import import) {
+    if (seq_of_.contains(id) || h_.contains(id))
+      throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
+    if (imports != 0 && imports != sources)
+      throw size_mismatch("residency: admission of request " + std::to_string(id) + " imports history for " +
+                          std::to_string(imports) + " sources, the layout has " + std::to_string(sources));
+    std::array<std::size_t, sources> rows{};
+    for (std::size_t s = 0; s < imports; ++s) {
+      rows[s] = count_of(s);
+      if (rows[s] > h_.config().max_rows)
+        throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(rows[s]) +
+                                " rows on source " + std::to_string(s) + ", capacity is " +
+                                std::to_string(h_.config().max_rows));
+    }
+    poll();
+    residency_admission result;
+    if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
+    for (std::size_t s = 0; s < sources; ++s)
+      if ((rows[s] + page_rows - 1) / page_rows > h_.free_host_pages(s))
+        return wait(result, admit_status::wait_for_host_pages);
+
+    const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
+    const auto claim = claims_.find(id);
+    if (claim == claims_.end()) {
+      // Pages already being reclaimed count as gone; claims of waiting admissions as taken.
+      std::array<std::size_t, sources> used{};
+      for (std::size_t s = 0; s < sources; ++s)
+        used[s] = required_[s] + (held_[s] - doomed_[s]) + cfg_.reserve_pages + claimed_[s];
+      const auto deficit = dhisparse::detail::residency_deficit<sources>(used, take, capacity_pages());
+      std::vector<request_books*> walk;
+      std::vector<std::array<std::size_t, sources>> held;
+      if (!traits::pins_history) {
+        auto visit = [&](request_books& b) {
+          if (b.reclaiming) return;
+          walk.push_back(&b);
+          held.push_back(b.mapped);
+        };
+        if constexpr (traits::order == reclaim_order::most_recent_first)
+          for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
+        else
+          for (auto& [seq, b] : by_seq_) visit(b);
+      }
+      const auto picked = dhisparse::detail::pick_whole_requests<sources>(held, deficit);
+      if (!picked) return wait(result, admit_status::wait_for_memory);
+      for (std::size_t i : *picked) {
+        request_books& v = *walk[i];
+        v.reclaiming = true;
+        for (std::size_t s = 0; s < sources; ++s) {
+          doomed_[s] += v.mapped[s];
+          result.reclaimed_pages += v.mapped[s];
+        }
+        ++counters_.requests_reclaimed;  // pages_reclaimed counts them as they are unmapped
+      }
+      result.reclaimed_requests = picked->size();
+      if (!fits_now(take)) {
+        claims_.emplace(id, take);
+        for (std::size_t s = 0; s < sources; ++s) claimed_[s] += take;
+        advance_reclaims();
+        return wait(result, admit_status::wait_for_reclaim);
+      }
+    } else {
+      // A retry: admitted once the capacity claimed for it has retired.
+      for (std::size_t s = 0; s < sources; ++s) claimed_[s] -= take;
+      if (!fits_now(take)) {
+        for (std::size_t s = 0; s < sources; ++s) claimed_[s] += take;
+        return wait(result, admit_status::wait_for_reclaim);
+      }
+      claims_.erase(claim);
+    }
+
+    // Commit: admit, import resident-first, account.
+    const admission a = h_.admit(id, step_);  // a slot is free: checked above
+    result.slot = a.slot;
+    const std::uint64_t seq = next_seq_++;
+    auto& b = by_seq_[seq];
+    b.id = id;
+    seq_of_.emplace(id, seq);
+    const std::size_t ppr = (h_.config().max_rows + page_rows - 1) / page_rows;
+    for (std::size_t s = 0; s < sources; ++s) {
+      b.pages[s].assign(ppr, page_entry{});
+      b.imported[s] = static_cast<std::int64_t>(rows[s]);
+      b.pinned_left[s] = pinned_pages_per_request();
+      required_[s] += cfg_.required_pages + b.pinned_left[s];
+    }
+    try {
+      for (std::size_t s = 0; s < imports; ++s) {
+        if (rows[s] == 0) continue;
+        std::size_t device_pages = 0;
+        if constexpr (traits::pins_history) device_pages = std::min(b.pinned_left[s], rows[s] / page_rows);
+        else if constexpr (traits::keeps_optional_history) device_pages = std::min(spare(s), rows[s] / page_rows);
+        const auto taken = import(s, device_pages);
+        for (const auto& [page, g] : taken) {
+          b.pages[s][page] = {page_state::ready, true, g, 0};
+          account_mapped(b, s);
+        }
+        result.mapped_pages += taken.size();
+      }
+    } catch (...) {
+      // Bad input found by the hierarchy: undo the admission; pages imported for earlier sources
+      // retire behind the reset like a completion's.
+      std::vector<retiring_page> leaving;
+      for (std::size_t s = 0; s < sources; ++s) {
+        required_[s] -= cfg_.required_pages + b.pinned_left[s];
+        for (std::size_t page = 0; page < b.pages[s].size(); ++page)
+          if (b.pages[s][page].state != page_state::absent) {
+            leaving.push_back({s, h_.detach_optional_page(id, s, page), 0});
+            ++doomed_[s];
+          }
+      }
+      h_.complete(id, step_);
+      const std::uint64_t t = step_clock_.record();
+      for (auto& r : leaving) {
+        r.ticket = t;
+        retiring_.push_back(r);
+      }
+      by_seq_.erase(seq);
+      seq_of_.erase(id);
+      throw;
+    }
+    result.status = admit_status::admitted;
+    ++counters_.admissions;
+    return result;
+  }
+
+  /// The new request's required pages fit the ledger now, other claims respected.
+  [[nodiscard]] bool fits_now(std::size_t take) const {
+    for (std::size_t s = 0; s < sources; ++s)
+      if (required_[s] + held_[s] + cfg_.reserve_pages + claimed_[s] + take > capacity_pages()) return false;
+    return true;
+  }
+
+  void account_mapped(request_books& b, std::size_t s) {
+    ++b.mapped[s];
+    ++held_[s];
+    if constexpr (traits::pins_history) {
+      --b.pinned_left[s];
+      --required_[s];
+    }
+    ++counters_.pages_mapped;
+  }
+
+  void after_append(request_books& b, std::size_t source, std::int64_t before) {
+    if constexpr (traits::pins_history) {
+      std::array<detail::page_batch, sources> batch{};
+      const auto after = static_cast<std::size_t>(h_.frontier(b.id, source));
+      for (std::size_t page = static_cast<std::size_t>(before) / page_rows; page < after / page_rows; ++page)
+        fill_one(b, source, page, batch);
+      flush_fills(batch);
+    }
+  }
+
+  /// Complete pages of a request/source that may be optional history: imported pages, or under a
+  /// pinning policy every complete page; none without optional history.
+  [[nodiscard]] std::size_t eligible_pages(const request_books& b, std::size_t s) const {
+    if (!traits::keeps_optional_history) return 0;
+    const std::int64_t rows = traits::pins_history ? h_.frontier(b.id, s) : b.imported[s];
+    return static_cast<std::size_t>(rows) / page_rows;
+  }
+  [[nodiscard]] std::int64_t newest_unmapped(const request_books& b, std::size_t s) const {
+    for (std::size_t page = eligible_pages(b, s); page-- > 0;)
+      if (b.pages[s][page].state == page_state::absent) return static_cast<std::int64_t>(page);
+    return -1;
+  }
+
+  /// Reserves one page for a fill from the host store if the ledger allows it; the fill is queued
+  /// in `batch` (flushed when full and by `flush_fills`).
+  bool fill_one(request_books& b, std::size_t s, std::size_t page, std::array<detail::page_batch, sources>& batch) {
+    if constexpr (traits::pins_history) {
+      if (b.pinned_left[s] == 0) return false;
+    } else {
+      if (spare(s) == 0) return false;
+    }
+    const std::int32_t g = h_.reserve_optional_page(b.id, s, page);
+    if (g < 0) return false;  // cannot happen while the books agree
+    auto& e = b.pages[s][page];
+    e = {page_state::filling, false, g, unrecorded};
+    ++copy_pending_;
+    account_mapped(b, s);
+    batch[s].push({static_cast<std::int32_t>(h_.slot_of(b.id)), static_cast<std::int32_t>(page), g,
+                   h_.host_page_of(b.id, s, page)});
+    pending_fills_.push_back({b.id, s, page});
+    if (batch[s].full()) flush_fills(batch);
+    return true;
+  }
+
+  /// Enqueues the queued fills on the copy stream behind the step stream's work so far (the
+  /// slots' admissions and the host rows' appends), publishes them behind the copies, and gives
+  /// their pages the ticket behind the publish.
+  void flush_fills(std::array<detail::page_batch, sources>& batch) {
+    bool any = false;
+    for (const auto& bt : batch) any = any || bt.count > 0;
+    if (!any) return;
+    step_clock_.order_before(copy_stream_);
+    for (std::size_t s = 0; s < sources; ++s) {
+      if (batch[s].count == 0) continue;
+      DHISPARSE_CUDA_TRY(detail::launch_fill_pages(h_.view(s), batch[s], copy_stream_));
+      DHISPARSE_CUDA_TRY(detail::launch_store_map(h_.view(s), batch[s], false, copy_stream_));
+      batch[s].count = 0;
+    }
+    const std::uint64_t t = copy_.record();
+    for (const auto& f : pending_fills_) {
+      auto it = seq_of_.find(f.id);
+      if (it == seq_of_.end()) continue;
+      auto& e = by_seq_.at(it->second).pages[f.source][f.page];
+      if (e.state == page_state::filling && e.ticket == unrecorded) e.ticket = t;
+    }
+    pending_fills_.clear();
+  }
+
+  /// Moves every request being reclaimed forward: back up device-only ready pages (copy stream,
+  /// after the step stream's work so far, which includes their import), unmap host-backed ready
+  /// pages on the step stream and retire them behind a step-stream ticket.
+  void advance_reclaims() {
+    std::array<detail::page_batch, sources> backup{}, unmap{};
+    std::vector<std::pair<request_books*, std::size_t>> backed;  // (request, source) of queued backups
+    struct leaving {
+      request_books* b;
+      std::size_t s, page;
+    };
+    std::vector<leaving> unmapped;
+    bool ordered = false;
+    auto flush_backups = [&] {
+      bool any = false;
+      for (const auto& bt : backup) any = any || bt.count > 0;
+      if (!any) return;
+      if (!ordered) {
+        step_clock_.order_before(copy_stream_);
+        ordered = true;
+      }
+      for (std::size_t s = 0; s < sources; ++s) {
+        DHISPARSE_CUDA_TRY(detail::launch_backup_pages(h_.view(s), backup[s], copy_stream_));
+        backup[s].count = 0;
+      }
+      const std::uint64_t t = copy_.record();
+      for (auto& [b, s] : backed)
+        for (auto& e : b->pages[s])
+          if (e.state == page_state::backing_up && e.ticket == unrecorded) e.ticket = t;
+      backed.clear();
+    };
+    auto flush_unmaps = [&] {
+      bool any = false;
+      for (const auto& bt : unmap) any = any || bt.count > 0;
+      if (!any) return;
+      for (std::size_t s = 0; s < sources; ++s) {
+        DHISPARSE_CUDA_TRY(detail::launch_store_map(h_.view(s), unmap[s], true, step_));
+        unmap[s].count = 0;
+      }
+      const std::uint64_t t = step_clock_.record();
+      for (const auto& l : unmapped) {
+        auto& e = l.b->pages[l.s][l.page];
+        const std::int32_t g = h_.detach_optional_page(l.b->id, l.s, l.page);
+        retiring_.push_back({l.s, g, t});
+        e = {};
+        --l.b->mapped[l.s];  // stays in held_ and doomed_ while retiring
+        ++counters_.pages_reclaimed;
+      }
+      unmapped.clear();
+    };
+    for (auto& [seq, b] : by_seq_) {
+      if (!b.reclaiming) continue;
+      const auto slot = static_cast<std::int32_t>(h_.slot_of(b.id));
+      for (std::size_t s = 0; s < sources; ++s)
+        for (std::size_t page = 0; page < b.pages[s].size(); ++page) {
+          auto& e = b.pages[s][page];
+          if (e.state != page_state::ready) continue;  // absent, or a fill / backup still in flight
+          const detail::page_task task{slot, static_cast<std::int32_t>(page), e.pool, h_.host_page_of(b.id, s, page)};
+          if (e.device_only) {
+            e.state = page_state::backing_up;
+            e.ticket = unrecorded;
+            ++copy_pending_;
+            backup[s].push(task);
+            backed.emplace_back(&b, s);
+            if (backup[s].full()) flush_backups();
+          } else {
+            unmap[s].push(task);
+            unmapped.push_back({&b, s, page});
+            if (unmap[s].full()) flush_unmaps();
+          }
+        }
+    }
+    flush_backups();
+    flush_unmaps();
+    for (auto& [seq, b] : by_seq_) {
+      if (!b.reclaiming) continue;
+      bool empty = true;
+      for (std::size_t s = 0; s < sources; ++s) empty = empty && b.mapped[s] == 0;
+      if (empty) b.reclaiming = false;  // its pages are retiring (still doomed until free)
+    }
+  }
+
+  struct fill_ref {
+    request_id id;
+    std::size_t source, page;
+  };
+
+  Hierarchy h_;
+  residency_config cfg_;
+  cudaStream_t step_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;
+  detail::stream_clock copy_;
+  detail::stream_clock step_clock_{step_};
+  std::array<std::size_t, sources> required_{};  // M_req
+  std::array<std::size_t, sources> held_{};      // M_opt: pool pages held by requests or retiring
+  std::array<std::size_t, sources> doomed_{};    // of held_: pages of requests being reclaimed, and retiring pages
+  std::array<std::size_t, sources> claimed_{};   // required pages claimed by admissions waiting for reclaim
+  std::map<std::uint64_t, request_books> by_seq_;
+  std::unordered_map<request_id, std::uint64_t> seq_of_;
+  std::unordered_map<request_id, std::size_t> claims_;
+  std::vector<retiring_page> retiring_;
+  std::vector<fill_ref> pending_fills_;
+  std::size_t copy_pending_ = 0;  // pages filling or backing up
+  std::uint64_t next_seq_ = 1;
+  std::uint64_t cursor_ = 0;
+  residency_counters counters_;
+};
+
+}  // namespace dhisparse::cuda
