@@ -9,8 +9,11 @@
 //  - with the step stream held, an unmapped page stays retiring (readers may still run) while
 //    admit and poll return at once;
 //  - bad admissions throw typed errors and change nothing.
-// Nothing here synchronises the whole device while the gate is closed: reads go through the step
-// stream, and the gate opens by itself after 20 s so a bug cannot hang the run.
+// Nothing here synchronises the whole device while the gate is closed: reads are stream-ordered
+// copies on the step stream into pinned buffers allocated up front, waited for with a deadline
+// shorter than the gate's own timeout (~10 s), and every read made while the gate is closed also
+// checks that the gate was still closed when the read completed. So a step path that waits for
+// the held copy stream (in the manager, or in the harness) fails here instead of passing late.
 #include "cuda_test_support.cuh"
 
 #include "dhisparse/cuda/residency_manager.cuh"
@@ -35,6 +38,8 @@ __global__ void spin_until_open(const volatile int* flag, long long max_cycles) 
 class gate {
  public:
   gate() {
+    cudaFuncAttributes attr{};  // loaded now: a lazily loaded kernel may synchronise the context at launch
+    DHTEST_CUDA(cudaFuncGetAttributes(&attr, spin_until_open));
     DHTEST_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
     *flag_ = 0;
     DHTEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflag_), flag_, 0));
@@ -59,6 +64,8 @@ class gate {
     *reinterpret_cast<volatile int*>(flag_) = 1;
     wait_or_die(side_, "gate");
   }
+  /// The spinning kernel has not finished: the held stream is still held.
+  [[nodiscard]] bool closed() const { return cudaStreamQuery(side_) == cudaErrorNotReady; }
 
  private:
   int* flag_ = nullptr;
@@ -66,6 +73,30 @@ class gate {
   cudaStream_t side_ = nullptr;
   cudaEvent_t done_ = nullptr;
 };
+
+/// Seconds a read of the step stream may take while a gate is closed: well below the gate's own
+/// timeout, so a read that waits for the held stream is caught before the gate gives way.
+constexpr double kHeldReadSeconds = 4.0;
+
+/// Waits for the step stream's work so far. With a gate closed on another stream, the work must
+/// finish within kHeldReadSeconds and while the gate is still closed: the step path never waits
+/// for the held stream.
+void wait_step(cudaStream_t stream, const std::string& ctx, const gate* held) {
+  if (held == nullptr) {
+    wait_or_die(stream, ctx);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  cudaError_t e = cudaErrorNotReady;
+  while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady &&
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < kHeldReadSeconds)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(ctx << ": the step stream's work took " << waited << " s with the gate closed (it must not wait for the held stream)");
+  REQUIRE(e != cudaErrorNotReady);
+  DHTEST_CUDA(e);
+  REQUIRE(held->closed());  // finished while the held stream was still held
+}
 
 cudaStream_t new_stream() {
   cudaStream_t s = nullptr;
@@ -86,14 +117,32 @@ struct fixture {
   Manager m{hc(), {6, 0}, stream};
   dhc::device_buffer<row_index> dsel{K};
   dhc::device_buffer<location> dloc{K};
+  // Pinned host ends of every read and upload, allocated before any gate closes (allocating or
+  // freeing pinned memory may synchronise the device; pageable copies may wait on the host).
+  dhc::pinned_buffer hsel{K * sizeof(row_index)};
+  dhc::pinned_buffer hloc{K * sizeof(location)};
+  dhc::pinned_buffer hmap{m.hierarchy().view(0).pages_per_request * sizeof(std::int32_t)};
+  std::array<std::vector<dhc::pinned_buffer>, Device::sources> hpool = [this] {
+    std::array<std::vector<dhc::pinned_buffer>, Device::sources> p;
+    for (std::size_t s = 0; s < Device::sources; ++s)
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+        p[s].emplace_back(m.hierarchy().space().rows() * Layout::sources[s].row_bytes);
+    return p;
+  }();
 
-  /// The device optional map of a request, read in step-stream order (no device-wide sync).
-  std::vector<std::int32_t> device_map(request_id id, std::size_t s) {
+  /// Nothing queued may still write the pinned buffers when they go.
+  ~fixture() { cudaStreamSynchronize(stream); }
+
+  /// The device optional map of a request, read in step-stream order (no device-wide sync). With
+  /// `held`, the read must complete while that gate is still closed.
+  std::vector<std::int32_t> device_map(request_id id, std::size_t s, const gate* held = nullptr) {
     const auto& v = m.hierarchy().view(s);
     std::vector<std::int32_t> out(v.pages_per_request);
-    DHTEST_CUDA(cudaMemcpyAsync(out.data(), v.optional_page + m.hierarchy().slot_of(id) * v.pages_per_request,
+    auto* h = reinterpret_cast<std::int32_t*>(hmap.data());
+    DHTEST_CUDA(cudaMemcpyAsync(h, v.optional_page + m.hierarchy().slot_of(id) * v.pages_per_request,
                                 out.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
-    wait_or_die(stream, "device map read");
+    wait_step(stream, "device map read", held);
+    std::copy(h, h + out.size(), out.begin());
     return out;
   }
 
@@ -104,31 +153,32 @@ struct fixture {
   }
 
   /// Resolves every row of [0, kRows) of a request on source `s`, K at a time; checks every row
-  /// byte for byte (all layers); returns how many locations were in the optional region.
-  std::size_t resolve_all(request_id id, std::size_t s, const std::string& ctx) {
+  /// byte for byte (all layers); returns how many locations were in the optional region. With
+  /// `held`, each resolve and its reads must complete while that gate is still closed.
+  std::size_t resolve_all(request_id id, std::size_t s, const std::string& ctx, const gate* held = nullptr) {
     const auto& d = Layout::sources[s];
     std::size_t optional = 0;
+    auto* hs = reinterpret_cast<row_index*>(hsel.data());
+    const auto* hl = reinterpret_cast<const location*>(hloc.data());
     for (std::size_t first = 0; first < kRows; first += K) {
       std::vector<row_index> sel(K);
-      for (std::size_t i = 0; i < K; ++i) sel[i] = static_cast<row_index>(first + i);
-      DHTEST_CUDA(cudaMemcpyAsync(dsel.data(), sel.data(), K * sizeof(row_index), cudaMemcpyHostToDevice, stream));
+      for (std::size_t i = 0; i < K; ++i) sel[i] = hs[i] = static_cast<row_index>(first + i);
+      DHTEST_CUDA(cudaMemcpyAsync(dsel.data(), hs, K * sizeof(row_index), cudaMemcpyHostToDevice, stream));
       const typename Device::batch_item item{id, dsel.data(), static_cast<std::int32_t>(K), dloc.data()};
       m.hierarchy().resolve(s, std::span<const typename Device::batch_item>(&item, 1), stream);
-      std::vector<location> loc(K);
-      DHTEST_CUDA(cudaMemcpyAsync(loc.data(), dloc.data(), K * sizeof(location), cudaMemcpyDeviceToHost, stream));
-      std::vector<std::vector<std::byte>> pools(d.payload_layers);
-      for (std::size_t l = 0; l < d.payload_layers; ++l) {
-        pools[l].resize(m.hierarchy().space().rows() * d.row_bytes);
-        DHTEST_CUDA(cudaMemcpyAsync(pools[l].data(), m.hierarchy().pool(s, l), pools[l].size(), cudaMemcpyDeviceToHost, stream));
-      }
-      wait_or_die(stream, ctx + ": resolve");
-      m.hierarchy().check_errors(stream);
+      DHTEST_CUDA(cudaMemcpyAsync(hloc.data(), dloc.data(), K * sizeof(location), cudaMemcpyDeviceToHost, stream));
+      for (std::size_t l = 0; l < d.payload_layers; ++l)
+        DHTEST_CUDA(cudaMemcpyAsync(hpool[s][l].data(), m.hierarchy().pool(s, l), hpool[s][l].bytes(),
+                                    cudaMemcpyDeviceToHost, stream));
+      wait_step(stream, ctx + ": resolve", held);
+      m.hierarchy().check_errors(stream);  // the step stream is idle: no wait; no device-wide sync unless it throws
+      const std::vector<location> loc(hl, hl + K);
       std::vector<std::byte> want(d.row_bytes);
       for (std::size_t i = 0; i < K; ++i) {
         if (in_optional_region(loc[i])) ++optional;
         for (std::size_t l = 0; l < d.payload_layers; ++l) {
           fill_row(want.data(), d.row_bytes, id, s, l, sel[i]);
-          const std::byte* got = pools[l].data() + static_cast<std::size_t>(loc[i]) * d.row_bytes;
+          const std::byte* got = hpool[s][l].data() + static_cast<std::size_t>(loc[i]) * d.row_bytes;
           INFO(ctx << ": request " << id << " source " << s << " layer " << l << " row " << sel[i] << " at location "
                    << loc[i] << " holds " << hex_prefix(got, d.row_bytes) << ", expected "
                    << hex_prefix(want.data(), d.row_bytes));
@@ -194,13 +244,13 @@ TEST_CASE("a device-only page is backed up before it is unmapped, and its rows s
   for (int i = 0; i < 5; ++i) f.m.poll();
   f.require_audit("backups held back");
   for (std::size_t s = 0; s < Device::sources; ++s) {
-    const auto map = f.device_map(1, s);
+    const auto map = f.device_map(1, s, &g);
     for (std::size_t p = 0; p < kRows / kPageRows; ++p) {
       INFO("source " << s << " page " << p);
       CHECK(f.m.page_of(1, s, p).state == dhc::page_state::backing_up);
       REQUIRE(map[p] >= 0);  // not unmapped before its backup completes
     }
-    REQUIRE(f.resolve_all(1, s, "backup pending") == kRows - kPageRows);
+    REQUIRE(f.resolve_all(1, s, "backup pending", &g) == kRows - kPageRows);
   }
   REQUIRE(f.admit_from_host(2).status == dh::admit_status::wait_for_reclaim);
 
@@ -252,13 +302,13 @@ TEST_CASE("a pending page is never returned by resolve; it is once published", "
   for (int i = 0; i < 5; ++i) f.m.poll();
   f.require_audit("fills held back");
   for (std::size_t s = 0; s < Device::sources; ++s) {
-    const auto map = f.device_map(1, s);
+    const auto map = f.device_map(1, s, &g);
     for (std::size_t p = 0; p < kRows / kPageRows; ++p) {
       INFO("source " << s << " page " << p);
       REQUIRE(f.m.page_of(1, s, p).state == dhc::page_state::filling);
       REQUIRE(map[p] == -1);  // reserved, not published
     }
-    REQUIRE(f.resolve_all(1, s, "fills pending") == 0);
+    REQUIRE(f.resolve_all(1, s, "fills pending", &g) == 0);
   }
   g.open();
   f.m.drain();

@@ -111,6 +111,10 @@ class residency_manager {
                                   " pages per source (required + reserve" +
                                   (traits::pins_history ? std::string(" + pinned history") : std::string()) +
                                   ") but the optional pool has " + std::to_string(m) + ": nothing could be admitted");
+    // Load the fill, backup, map-store and import kernels now: under lazy module loading their
+    // first launch (a repopulate, a reclaim) could otherwise synchronise the context, i.e. stall
+    // the host and order the step stream behind copy-stream work.
+    DHISPARSE_CUDA_TRY(detail::preload_residency_kernels(h_.view(0)));
     DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     copy_ = detail::stream_clock(copy_stream_);
   }

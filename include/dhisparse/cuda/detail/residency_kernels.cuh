@@ -5,7 +5,8 @@
 /// the newest T rows into the tail), batched page fills from the host store, batched backups of
 /// device-only pages to the host store, and batched optional-map stores (publish / unmap).
 /// Page batches travel as kernel arguments, so the host may reuse its copy at once and nothing is
-/// staged. Each launcher takes the stream last and returns cudaError_t.
+/// staged. Each launcher takes the stream last and returns cudaError_t. `preload_residency_kernels`
+/// loads them all ahead of their first launch.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -161,6 +162,25 @@ cudaError_t launch_import(const source_view<OrderIndex>& src, unsigned slot, con
   import_kernel<OrderIndex><<<static_cast<unsigned>(blocks), simple_block_threads, 0, stream>>>(src, slot, rows, first, count,
                                                                                               last, pool_of_page);
   return cudaGetLastError();
+}
+
+// --------------------------------------------------------------------------------------------
+// loading ahead of use
+
+/// Loads every kernel above for views of `OrderIndex` (cudaFuncGetAttributes loads a kernel that
+/// is not loaded yet). With lazy module loading, the default since CUDA 12.2, a kernel is
+/// otherwise loaded at its first launch, and loading may synchronise the context: the first fill
+/// or backup of a residency manager would then wait on the host for every stream's work, and make
+/// later step-stream work wait behind copy-stream work it does not depend on. Called once, when the
+/// manager is built.
+template <class OrderIndex>
+cudaError_t preload_residency_kernels(const source_view<OrderIndex>&) {
+  cudaFuncAttributes a{};
+  cudaError_t e = cudaFuncGetAttributes(&a, page_copy_kernel<false, OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, page_copy_kernel<true, OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, store_map_kernel<OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, import_kernel<OrderIndex>);
+  return e;
 }
 
 }  // namespace dhisparse::cuda::detail
