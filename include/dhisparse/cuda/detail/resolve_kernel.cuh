@@ -21,9 +21,9 @@
 ///  * copy: a CTA that finds no entry left waits (acquire loads with nanosleep backoff) until every
 ///    entry has published its sources, builds the exclusive prefix of the entries' copy units in
 ///    shared memory and copies a static, strided share of the flattened request-major list of
-///    (miss, layer) units: warp w of CTA b takes the R units at (w * grid + b) * R, then every
-///    grid * G * R units after (G copy warps per CTA, R rows per warp in flight), so even a few
-///    hundred rows reach every SM. A warp issues its rows' host loads first and only then waits
+///    (miss, layer) units: warp w of CTA b takes the R units at (b * G + w) * R, then every
+///    grid * G * R units after (G copy warps per CTA, R rows per warp in flight), so an SM reads
+///    neighbouring rows of one request. A warp issues its rows' host loads first and only then waits
 ///    for their entries' `placed` bit, so PCIe reads overlap the LRU work of the entries. No
 ///    atomics on this copy path: at any moment the grid works on one contiguous window of the
 ///    list (ascending rows = host address order within a request).
@@ -898,9 +898,10 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
       copy_group(u0);
     }
   } else {
-    // Consecutive R-unit groups go to consecutive CTAs (SMs) first: even a few hundred rows spread
-    // over every SM's load units and translation caches instead of filling a handful of CTAs.
-    for (unsigned u0 = (warp * gridDim.x + blockIdx.x) * R; u0 < total; u0 += stride) copy_group(u0);
+    // Large batches: a CTA's warps take consecutive groups, so each SM reads neighbouring rows of
+    // one request (host pages close together: friendlier to its translation caches); the grid
+    // sweeps the address-ordered list one window at a time.
+    for (unsigned u0 = (blockIdx.x * copy_warps + warp) * R; u0 < total; u0 += stride) copy_group(u0);
   }
 }
 
