@@ -134,6 +134,7 @@ class hierarchy {
                                   std::to_string(detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests)) +
                                   " bytes of shared memory per CTA, more than this device offers");
     DHISPARSE_CUDA_TRY(prep);
+    DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
 
     live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(live_buffer_.data(), 0, live_buffer_.bytes(), stream_));

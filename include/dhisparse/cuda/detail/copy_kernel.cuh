@@ -228,4 +228,21 @@ cudaError_t launch_store_value(T* where, T value, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+/// Loads the hierarchy's step-path kernels up front (cudaFuncGetAttributes loads a kernel that is
+/// not loaded yet). Under lazy module loading, the CUDA default since 12.2, a kernel is otherwise
+/// loaded at its first launch, and loading may synchronise the context: an engine's first append,
+/// admission or follower copy would wait on the host for unrelated streams. Called at construction.
+template <class OrderIndex>
+cudaError_t preload_hierarchy_kernels() {
+  cudaFuncAttributes a{};
+  cudaError_t e = cudaFuncGetAttributes(&a, follower_copy_kernel<OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, append_kernel<OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, optional_page_kernel<OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, reset_slots_kernel<OrderIndex>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, forget_slot_plan_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, store_value_kernel<std::uint32_t>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, store_value_kernel<std::int32_t>);
+  return e;
+}
+
 }  // namespace dhisparse::cuda::detail
