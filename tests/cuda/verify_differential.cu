@@ -419,6 +419,7 @@ class spec_run {
       const std::int64_t f = tw.host.frontier(id, s);
       tw.host.commit(id, s, a);
       tw.dev.commit(id, s, a);
+      wait_or_die(tw.dev.stream(), ctx + ": commit");  // the device writes the host store asynchronously
       auto& t = tags_[id][s];
       for (std::size_t i = 0; i <= a; ++i) t.push_back(block_[id][s][i]);
       block_[id][s].clear();
@@ -552,7 +553,12 @@ TEST_CASE("speculative decoding on the GPU leaves the history of plain decoding,
   dhc::device_buffer<location> dloc(spec_cfg.max_block * K);
   std::uint64_t tag = 1;
   std::size_t rounds = 0, accepted_total = 0;
-  while (static_cast<std::size_t>(spec.frontier(id, 0)) + spec_cfg.max_block + 1 < spec_cfg.max_rows) {
+  const auto room_left = [&] {
+    for (std::size_t s = 0; s < S; ++s)
+      if (static_cast<std::size_t>(spec.frontier(id, s)) + spec_cfg.max_block + 1 >= spec_cfg.max_rows) return false;
+    return true;
+  };
+  while (room_left()) {
     ++rounds;
     INFO("round " << rounds);
     for (std::size_t s = 0; s < S; ++s) {

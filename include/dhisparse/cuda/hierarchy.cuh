@@ -592,7 +592,9 @@ class hierarchy {
     const std::uint32_t layers =
         mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
     DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
-        src.view, src.vws, v, layers, static_cast<std::uint32_t>(top_k), sm_count_ * 4, stream)));
+        src.view, src.vws, v, layers, static_cast<std::uint32_t>(top_k),
+        static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
+        stream)));
     for (std::uint32_t e = 0; e < n; ++e) src.verified[slots[e]] = batch[e].queries.size();
     if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;

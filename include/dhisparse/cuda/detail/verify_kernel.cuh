@@ -7,11 +7,11 @@
 /// Verify is two launches on one stream, with no host synchronisation or allocation between or
 /// inside them (capturable):
 ///
-///  * metadata (`verify_metadata_kernel`, one CTA per batch entry, grid = workspace capacity): the
-///    CTA validates the entry (nothing is written for a bad entry; the typed error is recorded per
-///    entry as the resolver does), classifies every entry of every query (block or committed tail
-///    row -> ring, ready optional page, hot way through the reverse map `way_of_row`, or missing),
-///    and marks missing rows in a per-slot bitmap. The bitmap deduplicates the union across queries
+///  * metadata (`verify_metadata_kernel`, one CTA per batch entry at a time; a fixed grid of
+///    min(N, SMs) CTAs walks the entries): the CTA validates the entry (nothing is written for a
+///    bad entry; the typed error is recorded per entry as the resolver does), classifies every
+///    entry of every query (block or committed tail row -> ring, ready optional page, hot way
+///    through the reverse map `way_of_row`, or missing), and marks missing rows in a per-slot bitmap. The bitmap deduplicates the union across queries
 ///    and, read in word order, *is* the ascending order of the distinct missing rows: a block scan
 ///    of the words' population counts gives each missing row its rank with no sort. The first
 ///    non-hit ways of the LRU order are the victims of the lowest ranks (cub::BlockScan partition,
@@ -41,7 +41,7 @@ inline constexpr int verify_block_threads = 1024;
 /// Threads per CTA of the verification copy, stage and commit kernels.
 inline constexpr int verify_copy_threads = 256;
 
-constexpr std::size_t verify_round16(std::size_t x) { return (x + 15) / 16 * 16; }
+__host__ __device__ constexpr std::size_t verify_round16(std::size_t x) { return (x + 15) / 16 * 16; }
 
 /// Dynamic shared memory of the metadata kernel for a hot cache of `hot_rows` ways: the slot's LRU
 /// order, the victim of each rank and a hit flag per way.
@@ -60,12 +60,12 @@ __device__ __forceinline__ void verify_record_error(const verify_workspace_view&
 }
 
 // --------------------------------------------------------------------------------------------
-// metadata: one CTA per batch entry
+// metadata: one CTA per batch entry at a time
 
 template <int Block, int HotRows, class OrderIndex>
-__global__ void __launch_bounds__(Block)
-    verify_metadata_kernel(source_view<OrderIndex> src, verify_workspace_view ws, verify_batch_view batch,
-                           std::uint32_t layers_to_copy, std::uint32_t top_k) {
+__device__ void verify_entry(const source_view<OrderIndex>& src, const verify_workspace_view& ws,
+                             const verify_batch_view& batch, std::uint32_t layers_to_copy, std::uint32_t top_k,
+                             unsigned t, unsigned C) {
   using scan_t = cub::BlockScan<int, Block>;
   constexpr int B = HotRows;
   constexpr int WPT = (HotRows + Block - 1) / Block;  // LRU positions per thread (contiguous)
@@ -85,23 +85,7 @@ __global__ void __launch_bounds__(Block)
   auto* victim = reinterpret_cast<OrderIndex*>(dhisparse_verify_smem + verify_round16(B * sizeof(OrderIndex)));
   auto* is_hit = dhisparse_verify_smem + 2 * verify_round16(B * sizeof(OrderIndex));
 
-  const unsigned t = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
-  const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
-  const unsigned requested = __ldcg(batch.count);
-  const unsigned C = requested < cap ? requested : cap;
-  if (t == 0 && tid == 0) {
-    // Nothing else in this launch reads these; the copy kernel that follows in stream order does.
-    ws.control->last_count = C;
-    ws.control->last_layers = layers_to_copy;
-    if (requested > cap) {
-      ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
-      std::uint32_t expected = 0;
-      ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
-    }
-  }
-  if (t >= C) return;  // uniform across the CTA
-
   const location_space space = src.space;
   // Round trip 1: slot, K_r, liveness and frontier.
   if (tid == 0) {
@@ -429,6 +413,30 @@ __global__ void __launch_bounds__(Block)
   }
 }
 
+/// A fixed grid (set at construction, so a captured launch fits any batch) walks the entries.
+template <int Block, int HotRows, class OrderIndex>
+__global__ void __launch_bounds__(Block)
+    verify_metadata_kernel(source_view<OrderIndex> src, verify_workspace_view ws, verify_batch_view batch,
+                           std::uint32_t layers_to_copy, std::uint32_t top_k) {
+  const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
+  const unsigned requested = __ldcg(batch.count);
+  const unsigned C = requested < cap ? requested : cap;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // Nothing else in this launch reads these; the copy kernel that follows in stream order does.
+    ws.control->last_count = C;
+    ws.control->last_layers = layers_to_copy;
+    if (requested > cap) {
+      ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
+      std::uint32_t expected = 0;
+      ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
+    }
+  }
+  for (unsigned t = blockIdx.x; t < C; t += gridDim.x) {
+    verify_entry<Block, HotRows, OrderIndex>(src, ws, batch, layers_to_copy, top_k, t, C);
+    __syncthreads();  // the entry's shared memory is reused by the next
+  }
+}
+
 // --------------------------------------------------------------------------------------------
 // copy: the last verify's plans into payload layers [layer_begin, layer_end)
 
@@ -578,14 +586,14 @@ cudaError_t prepare_verify() {
                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
-/// Verifies one batch: metadata (grid = workspace capacity, idle CTAs exit at once), then the
-/// copies of every layer in [0, layers_to_copy).
+/// Verifies one batch: metadata (`entry_grid` CTAs walk the entries), then the copies of every
+/// layer in [0, layers_to_copy) (`copy_grid` CTAs).
 template <int HotRows, class OrderIndex>
 cudaError_t launch_verify(const source_view<OrderIndex>& src, const verify_workspace_view& ws,
                           const verify_batch_view& batch, std::uint32_t layers_to_copy, std::uint32_t top_k,
-                          int copy_grid, cudaStream_t stream) {
+                          int entry_grid, int copy_grid, cudaStream_t stream) {
   verify_metadata_kernel<verify_block_threads, HotRows, OrderIndex>
-      <<<ws.capacity, verify_block_threads, verify_shared_bytes<OrderIndex>(HotRows), stream>>>(src, ws, batch,
+      <<<entry_grid, verify_block_threads, verify_shared_bytes<OrderIndex>(HotRows), stream>>>(src, ws, batch,
                                                                                                layers_to_copy, top_k);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
