@@ -148,6 +148,7 @@ class hierarchy {
     if (speculative()) {
       DHISPARSE_CUDA_TRY((detail::prepare_verify<static_cast<int>(hot_rows), order_index>()));
       verify_ring_ = detail::staging_ring(verify_eager_bytes(cfg_), staging_depth);
+      verify_slots_.assign(cfg_.max_requests, 0);
     }
     stamp_.assign(cfg_.max_requests, 0);
 
@@ -549,15 +550,15 @@ class hierarchy {
       std::fill(stamp_.begin(), stamp_.end(), 0u);
       stamp_epoch_ = 1;
     }
-    std::vector<std::size_t> slots;
-    slots.reserve(batch.size());
-    for (const auto& item : batch) {
+    std::vector<std::size_t>& slots = verify_slots_;  // sized max_requests at construction: no allocation here
+    for (std::size_t e = 0; e < batch.size(); ++e) {
+      const auto& item = batch[e];
       const std::size_t slot = registry_.slot(item.request);
       if (stamp_[slot] == stamp_epoch_)
         throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one verify batch");
       stamp_[slot] = stamp_epoch_;
       validate_round(source, slot, item);
-      slots.push_back(slot);
+      slots[e] = slot;  // e < max_requests: the slots are distinct
     }
     const auto n = static_cast<std::uint32_t>(batch.size());  // <= max_requests: slots are distinct
     const std::size_t km = cfg_.max_block;
@@ -933,22 +934,25 @@ class hierarchy {
   /// those are checked on the device).
   void validate_round(std::size_t source, std::size_t slot, const verify_batch_item& item) const {
     const auto& src = src_[source];
-    const std::string who = "verify of request " + std::to_string(item.request) + " on source " + std::to_string(source);
+    // The message is built only on failure (no host allocation on the good path).
+    const auto who = [&] {
+      return "verify of request " + std::to_string(item.request) + " on source " + std::to_string(source);
+    };
     const std::size_t kr = item.queries.size();
-    if (kr == 0) throw size_mismatch(who + " has no queries (K_r >= 1: the anchor)");
+    if (kr == 0) throw size_mismatch(who() + " has no queries (K_r >= 1: the anchor)");
     if (kr > cfg_.max_block)
-      throw block_too_wide(who + " with K_r = " + std::to_string(kr) + ", max_block is " + std::to_string(cfg_.max_block));
-    if (src.staged[slot] == 0) throw no_staged_block(who + " without a staged block");
+      throw block_too_wide(who() + " with K_r = " + std::to_string(kr) + ", max_block is " + std::to_string(cfg_.max_block));
+    if (src.staged[slot] == 0) throw no_staged_block(who() + " without a staged block");
     if (kr > src.staged[slot])
-      throw block_too_wide(who + " with K_r = " + std::to_string(kr) + " queries, the staged block has " +
+      throw block_too_wide(who() + " with K_r = " + std::to_string(kr) + " queries, the staged block has " +
                            std::to_string(src.staged[slot]) + " positions");
     for (std::size_t j = 0; j < kr; ++j) {
       const verify_query& q = item.queries[j];
       if (q.length < 0 || (q.length > 0 && (q.selection == nullptr || q.locations == nullptr)))
-        throw size_mismatch(who + ": query " + std::to_string(j) + " of length " + std::to_string(q.length) +
+        throw size_mismatch(who() + ": query " + std::to_string(j) + " of length " + std::to_string(q.length) +
                             " needs device selection and location pointers");
       if (static_cast<std::size_t>(q.length) > top_k)
-        throw selection_too_long(who + ": query " + std::to_string(j) + " has " + std::to_string(q.length) +
+        throw selection_too_long(who() + ": query " + std::to_string(j) + " has " + std::to_string(q.length) +
                                  " entries, top_k is " + std::to_string(top_k));
     }
   }
@@ -1197,6 +1201,7 @@ class hierarchy {
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)
+  std::vector<std::size_t> verify_slots_;  // slots of the verify batch being validated
   std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_epoch_ = 0;
   std::array<source_state, sources> src_;
