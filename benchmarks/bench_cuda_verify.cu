@@ -3,8 +3,8 @@
 // selections as K separate single-query resolves (the fused resolver, raw batch view) on the same
 // hierarchy. See docs/benchmarks.md ("Speculative verification").
 //
-//   verify      dhisparse::cuda::hierarchy::verify (eager: includes the upload of its small batch
-//               descriptor from pinned staging)
+//   verify      dhisparse::cuda::hierarchy::verify over a device descriptor (verify_batch_view, the
+//               graph-capturable call; like the resolves, nothing is uploaded inside the timing)
 //   k_resolves  K x hierarchy::resolve(source, batch_view) of the same selections, back to back
 //   memory      per-session bytes of ring + staging: the planner against hierarchy::requirements
 //
@@ -151,6 +151,10 @@ class setup {
     slots_d_ = device_buffer<std::int32_t>(kBatches.back());
     lengths_d_ = device_buffer<std::int32_t>(kBatches.back());
     count_d_ = device_buffer<std::uint32_t>(1);
+    queries_d_ = device_buffer<std::int32_t>(kBatches.back());
+    qlengths_d_ = device_buffer<std::int32_t>(std::size_t(kBatches.back()) * kMaxBlock);
+    selp_d_ = device_buffer<const std::int32_t*>(std::size_t(kBatches.back()) * kMaxBlock);
+    locp_d_ = device_buffer<std::int32_t*>(std::size_t(kBatches.back()) * kMaxBlock);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto req = hierarchy::requirements(config(n, kMaxBlock));
     std::fprintf(stderr, "bench_cuda_verify: %u histories of %u rows; hierarchy: %.2f GB device, %.2f GB pinned; setup %.1f s\n",
@@ -207,20 +211,38 @@ class setup {
     DHB_CHECK(cudaMemcpyAsync(req_d_.get(), req.data(), req.size() * 4, cudaMemcpyHostToDevice, s_));
     DHB_CHECK(cudaMemcpyAsync(count_d_.get(), &C, 4, cudaMemcpyHostToDevice, s_));
     DHB_CHECK(cudaStreamSynchronize(s_));
-    queries_.assign(std::size_t(C) * K, {});
-    items_.assign(C, {});
-    for (std::uint32_t b = 0; b < C; ++b) {
+    // The verify descriptor: query j of entry b at (b*K + j)*k, per-query arrays strided by K_max.
+    std::vector<std::int32_t> kr(C, static_cast<std::int32_t>(K)), qlen(std::size_t(C) * kMaxBlock, 0);
+    std::vector<const std::int32_t*> selp(std::size_t(C) * kMaxBlock, nullptr);
+    std::vector<std::int32_t*> locp(std::size_t(C) * kMaxBlock, nullptr);
+    for (std::uint32_t b = 0; b < C; ++b)
       for (std::uint32_t j = 0; j < K; ++j) {
         const std::size_t at = (std::size_t(b) * K + j) * kTopK;
-        queries_[std::size_t(b) * K + j] = {sel_d_.get() + at, static_cast<std::int32_t>(kTopK), loc_d_.get() + at};
+        qlen[std::size_t(b) * kMaxBlock + j] = static_cast<std::int32_t>(kTopK);
+        selp[std::size_t(b) * kMaxBlock + j] = sel_d_.get() + at;
+        locp[std::size_t(b) * kMaxBlock + j] = loc_d_.get() + at;
       }
-      items_[b] = {q0 + b, std::span<const dhisparse::cuda::verify_query>(queries_.data() + std::size_t(b) * K, K)};
-    }
+    DHB_CHECK(cudaMemcpyAsync(queries_d_.get(), kr.data(), C * 4, cudaMemcpyHostToDevice, s_));
+    DHB_CHECK(cudaMemcpyAsync(qlengths_d_.get(), qlen.data(), qlen.size() * 4, cudaMemcpyHostToDevice, s_));
+    DHB_CHECK(cudaMemcpyAsync(selp_d_.get(), selp.data(), selp.size() * sizeof(void*), cudaMemcpyHostToDevice, s_));
+    DHB_CHECK(cudaMemcpyAsync(locp_d_.get(), locp.data(), locp.size() * sizeof(void*), cudaMemcpyHostToDevice, s_));
+    DHB_CHECK(cudaStreamSynchronize(s_));  // the host vectors die with this call
     C_ = C;
     K_ = K;
   }
 
-  void enqueue_verify() { h_->verify(0, std::span<const dhisparse::cuda::verify_batch_item>(items_), s_); }
+  void enqueue_verify() {
+    dhisparse::cuda::verify_batch_view v;
+    v.count = count_d_.get();
+    v.slots = slots_d_.get();
+    v.queries = queries_d_.get();
+    v.lengths = qlengths_d_.get();
+    v.selection_ptrs = selp_d_.get();
+    v.location_ptrs = locp_d_.get();
+    v.max_block = kMaxBlock;
+    v.capacity = C_;
+    h_->verify(0, v, s_);
+  }
   /// Query j of every request through the raw batch view: entries of request b at (b*K + j)*k.
   void enqueue_resolve(std::uint32_t j) {
     dhisparse::cuda::batch_view v;
@@ -255,11 +277,11 @@ class setup {
   std::vector<std::uint32_t> next_fresh_;
   device_buffer<std::byte> flush_;
   unsigned flushes_ = 0;
-  device_buffer<std::int32_t> sel_d_, loc_d_, req_d_, slots_d_, lengths_d_;
+  device_buffer<std::int32_t> sel_d_, loc_d_, req_d_, slots_d_, lengths_d_, queries_d_, qlengths_d_;
+  device_buffer<const std::int32_t*> selp_d_;
+  device_buffer<std::int32_t*> locp_d_;
   device_buffer<std::uint32_t> count_d_;
   std::vector<std::int32_t> sel_h_;
-  std::vector<dhisparse::cuda::verify_query> queries_;
-  std::vector<dhisparse::cuda::verify_batch_item> items_;
   std::uint32_t C_ = 0, K_ = 0;
   verifier verifier_;
   step_timer timer_;

@@ -646,3 +646,185 @@ TEST_CASE("speculative decoding on the GPU leaves the history of plain decoding,
   INFO(rounds << " rounds, " << accepted_total << " positions accepted on source 0");
   CHECK(rounds > 50);
 }
+
+TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph and replayed, matches the host",
+          "[gpu][verify][graph]") {
+  require_device();
+  using L = dh::layouts::tiny;
+  using Hot = dh::lru_hot_cache<16>;
+  using T = twin<L, Hot>;
+  constexpr std::size_t K = L::top_k;
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 3;
+  cfg.max_rows = 600;
+  cfg.max_block = 4;
+  T tw(cfg, 61);
+  const std::size_t N = cfg.max_requests, KM = cfg.max_block, s = 0;
+  for (request_id id = 1; id <= N; ++id) {
+    REQUIRE(tw.admit(id));
+    for (std::size_t src = 0; src < T::sources; ++src) tw.append(id, src, 40);
+  }
+  // The descriptor: fixed buffers; query j of entry e reads/writes at (e * K_max + j) * top_k.
+  dhc::device_buffer<std::uint32_t> count(1);
+  dhc::device_buffer<std::int32_t> slots(N), queries(N), lengths(N * KM);
+  dhc::device_buffer<const row_index*> selp(N * KM);
+  dhc::device_buffer<location*> locp(N * KM);
+  dhc::device_buffer<row_index> sel(N * KM * K);
+  dhc::device_buffer<location> loc(N * KM * K);
+  {
+    std::vector<const row_index*> hs(N * KM);
+    std::vector<location*> hl(N * KM);
+    for (std::size_t i = 0; i < N * KM; ++i) {
+      hs[i] = sel.data() + i * K;
+      hl[i] = loc.data() + i * K;
+    }
+    DHTEST_CUDA(cudaMemcpy(selp.data(), hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    DHTEST_CUDA(cudaMemcpy(locp.data(), hl.data(), hl.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  dhc::verify_batch_view v;
+  v.count = count.data();
+  v.slots = slots.data();
+  v.queries = queries.data();
+  v.lengths = lengths.data();
+  v.selection_ptrs = selp.data();
+  v.location_ptrs = locp.data();
+  v.max_block = static_cast<std::uint32_t>(KM);
+  v.capacity = static_cast<std::uint32_t>(N);
+  cudaStream_t st = nullptr;
+  DHTEST_CUDA(cudaStreamCreate(&st));  // blocking: ordered with the legacy stream the twin's calls use
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DHTEST_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  tw.dev.verify(s, v, st);
+  DHTEST_CUDA(cudaStreamEndCapture(st, &graph));
+  DHTEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  // One replay of `rounds` (request, queries): upload, launch the graph, check errors.
+  struct round {
+    request_id id;
+    std::vector<std::vector<row_index>> q;
+  };
+  auto replay = [&](const std::vector<round>& rounds) {
+    std::vector<std::int32_t> hslots(rounds.size()), hqueries(rounds.size()), hlen(N * KM, 0);
+    std::vector<row_index> hsel(N * KM * K, dh::no_row);
+    for (std::size_t e = 0; e < rounds.size(); ++e) {
+      hslots[e] = static_cast<std::int32_t>(tw.dev.slot_of(rounds[e].id));
+      hqueries[e] = static_cast<std::int32_t>(rounds[e].q.size());
+      for (std::size_t j = 0; j < rounds[e].q.size(); ++j) {
+        hlen[e * KM + j] = static_cast<std::int32_t>(rounds[e].q[j].size());
+        std::copy(rounds[e].q[j].begin(), rounds[e].q[j].end(), hsel.begin() + static_cast<long>((e * KM + j) * K));
+      }
+    }
+    const auto n = static_cast<std::uint32_t>(rounds.size());
+    DHTEST_CUDA(cudaMemcpy(count.data(), &n, sizeof(n), cudaMemcpyHostToDevice));
+    if (n != 0) {
+      DHTEST_CUDA(cudaMemcpy(slots.data(), hslots.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+      DHTEST_CUDA(cudaMemcpy(queries.data(), hqueries.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    }
+    DHTEST_CUDA(cudaMemcpy(lengths.data(), hlen.data(), hlen.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    DHTEST_CUDA(cudaMemcpy(sel.data(), hsel.data(), hsel.size() * sizeof(row_index), cudaMemcpyHostToDevice));
+    DHTEST_CUDA(cudaMemset(loc.data(), 0x7A, loc.bytes()));
+    DHTEST_CUDA(cudaGraphLaunch(exec, st));
+    wait_or_die(st, "graph replay of verify");
+  };
+
+  std::size_t verified_rounds = 0;
+  for (std::size_t r = 0; r < 300; ++r) {
+    INFO("replay " << r);
+    // the batch: distinct requests in random order, each stages a fresh block
+    std::vector<request_id> ids(tw.live);
+    std::shuffle(ids.begin(), ids.end(), tw.rng);
+    ids.resize(1 + tw.uniform(ids.size()));
+    std::vector<round> rounds;
+    for (request_id id : ids) {
+      const std::int64_t f = tw.host.frontier(id, s);
+      if (static_cast<std::size_t>(f) + KM + 1 >= cfg.max_rows) continue;
+      const std::size_t c = 1 + tw.uniform(KM);
+      const auto rows = make_rows<L>(id, s, f, c);
+      tw.host.stage_block(id, s, rows, c);
+      tw.dev.stage_block(id, s, std::span<const std::byte>(rows), c);
+      round rd{id, {}};
+      const std::size_t kr = 1 + tw.uniform(c);
+      for (std::size_t j = 0; j < kr; ++j) {
+        std::vector<row_index> q = tw.make_selection(id, s, tw.uniform(K + 1));
+        for (auto& e : q)
+          if (e != dh::no_row && tw.chance(0.15)) e = static_cast<row_index>(f + static_cast<std::int64_t>(tw.uniform(j + 1)));
+        rd.q.push_back(std::move(q));
+      }
+      rounds.push_back(std::move(rd));
+    }
+    // host reference, one request at a time (per-entry stats and plans)
+    std::vector<std::vector<std::vector<location>>> want(rounds.size());
+    std::vector<dh::verify_stats> want_stats(rounds.size());
+    std::vector<dh::planned_copy> want_plan;
+    for (std::size_t e = 0; e < rounds.size(); ++e) {
+      std::vector<std::span<const row_index>> qs;
+      std::vector<std::span<location>> ls;
+      want[e].resize(rounds[e].q.size());
+      for (std::size_t j = 0; j < rounds[e].q.size(); ++j) {
+        want[e][j].assign(rounds[e].q[j].size(), 0);
+        qs.emplace_back(rounds[e].q[j]);
+        ls.emplace_back(want[e][j]);
+      }
+      want_stats[e] = tw.host.verify(rounds[e].id, s, qs, ls);
+      const auto p = tw.host.last_plan(s);
+      want_plan.insert(want_plan.end(), p.begin(), p.end());
+    }
+    replay(rounds);
+    tw.dev.check_errors(st);
+    const auto stats = tw.dev.last_verify_stats(s);
+    const auto plan = tw.dev.last_verify_plan(s);
+    REQUIRE(stats.size() == rounds.size());
+    REQUIRE(plan.size() == want_plan.size());
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      REQUIRE((plan[i].row == want_plan[i].row && plan[i].dst == want_plan[i].dst && plan[i].slot == want_plan[i].slot));
+    for (std::size_t e = 0; e < rounds.size(); ++e) {
+      REQUIRE(stats[e] == want_stats[e]);
+      for (std::size_t j = 0; j < rounds[e].q.size(); ++j) {
+        std::vector<location> got(rounds[e].q[j].size());
+        if (!got.empty())
+          DHTEST_CUDA(cudaMemcpy(got.data(), loc.data() + (e * KM + j) * K, got.size() * sizeof(location),
+                                 cudaMemcpyDeviceToHost));
+        DHTEST_REQUIRE_SAME(location, "locations of a replayed verify", std::span<const location>(want[e][j]),
+                            std::span<const location>(got));
+      }
+      // the device books hold K_r; commit reads them
+      REQUIRE(tw.dev.verified_queries(rounds[e].id, s) == rounds[e].q.size());
+      const std::size_t a = tw.uniform(rounds[e].q.size());
+      tw.host.commit(rounds[e].id, s, a);
+      tw.dev.commit(rounds[e].id, s, a);
+      ++verified_rounds;
+    }
+    if (r % 10 == 0) {
+      tw.compare_state("replay " + std::to_string(r));
+      tw.compare_pools("replay " + std::to_string(r));
+    }
+  }
+  CHECK(verified_rounds > 300);
+
+  // A bad entry in a replay: typed error from check_errors, the request's last good round kept.
+  {
+    const request_id id = tw.live.front();
+    const std::int64_t f = tw.host.frontier(id, s);
+    const auto rows = make_rows<L>(id, s, f, 2);
+    tw.host.stage_block(id, s, rows, 2);
+    tw.dev.stage_block(id, s, std::span<const std::byte>(rows), 2);
+    replay({{id, {{1, 2}, {static_cast<row_index>(f + 1)}}}});
+    tw.dev.check_errors(st);
+    REQUIRE(tw.dev.verified_queries(id, s) == 2);
+    replay({{id, {{static_cast<row_index>(f + 1)}}}});  // the anchor cannot see position f+1
+    REQUIRE_THROWS_AS(tw.dev.check_errors(st), dh::position_not_visible);
+    REQUIRE(tw.dev.verified_queries(id, s) == 2);
+    replay({{id, {{1}, {2}, {3}}}});  // K_r above the staged block: checked on the device here
+    REQUIRE_THROWS_AS(tw.dev.check_errors(st), dh::block_too_wide);
+    REQUIRE(tw.dev.verified_queries(id, s) == 2);
+    REQUIRE_THROWS_AS(tw.dev.commit(id, s, 2), dh::acceptance_beyond_block);
+    tw.dev.commit(id, s, 1);
+    REQUIRE(tw.dev.frontier(id, s) == f + 2);
+    replay({{id, {{1}}}});  // the round is closed: nothing staged
+    REQUIRE_THROWS_AS(tw.dev.check_errors(st), dh::no_staged_block);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}

@@ -205,7 +205,7 @@ class hierarchy {
       DHISPARSE_CUDA_TRY(detail::launch_forget_slot_plan(src.ws, static_cast<int>(slot), stream));
       DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
       if (speculative()) {
-        close_round(s, slot);
+        close_round(s, slot, stream);
         DHISPARSE_CUDA_TRY(detail::launch_verify_forget_slot(src.vws, static_cast<int>(slot), stream));
       }
     }
@@ -536,11 +536,18 @@ class hierarchy {
   /// lengths, pending follower copies) and throws with nothing queued; bad selection entries
   /// (out of range, not visible to their query) leave that entry untouched and are thrown by
   /// `check_errors`, which also marks that request's round unverified. Uploads its descriptor
-  /// from pinned staging, so it cannot be captured in a CUDA graph.
+  /// from pinned staging, so it cannot be captured in a CUDA graph: capture the
+  /// `verify_batch_view` overload instead.
   void verify(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
               copy_layers mode = copy_layers::all) {
     check_speculative(source);
-    check_not_capturing(stream);
+    {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+      if (status != cudaStreamCaptureStatusNone)
+        throw invalid_configuration("the eager verify uploads its batch from host staging and cannot be captured; "
+                                    "capture verify(source, verify_batch_view, stream) instead");
+    }
     auto& src = src_[source];
     for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
       if (src.layer_pending[l])
@@ -604,6 +611,41 @@ class hierarchy {
   }
   void verify(std::size_t source, std::span<const verify_batch_item> batch) { verify(source, batch, stream_); }
 
+  /// Verify over a device descriptor: no host synchronisation, no allocation, a fixed launch shape,
+  /// so it can be captured in a CUDA graph and replayed with other batch contents and counts.
+  /// Everything per entry (slot, K_r against max_block and the staged block, lengths, duplicates,
+  /// entries) is checked on the device and reported by `check_errors`. The K_r of each good round
+  /// is kept in device books, which `commit` (and `verified_queries`) then read for this source
+  /// (a 4-byte read that synchronises the commit's stream).
+  void verify(std::size_t source, const verify_batch_view& batch, cudaStream_t stream,
+              copy_layers mode = copy_layers::all) {
+    check_speculative(source);
+    auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+    if (batch.count == nullptr || batch.slots == nullptr || batch.queries == nullptr || batch.lengths == nullptr ||
+        batch.selection_ptrs == nullptr || batch.location_ptrs == nullptr)
+      throw size_mismatch("verify_batch_view needs device count, slots, queries, lengths and pointer arrays");
+    if (batch.max_block == 0)
+      throw size_mismatch("verify_batch_view needs max_block >= 1 (the stride of its per-query arrays)");
+    if (batch.capacity > cfg_.max_requests)
+      throw size_mismatch("verify_batch_view capacity " + std::to_string(batch.capacity) + " exceeds max_requests " +
+                          std::to_string(cfg_.max_requests));
+    const std::uint32_t layers =
+        mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
+        src.view, src.vws, batch, layers, static_cast<std::uint32_t>(top_k),
+        static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
+        stream)));
+    src.device_rounds = true;
+    if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+      src.follower_plan_from_verify = true;
+    }
+  }
+
   /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises).
   verify_stats verify_sync(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
                            copy_layers mode = copy_layers::all) {
@@ -623,6 +665,7 @@ class hierarchy {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
+    if (src.device_rounds) src.verified[slot] = read_device_verified(source, slot, stream);
     if (src.staged[slot] == 0 || src.verified[slot] == 0)
       throw commit_without_verify("commit of request " + std::to_string(id) + " on source " + std::to_string(source) +
                                   " without a verify since its last stage_block");
@@ -644,7 +687,7 @@ class hierarchy {
       src.books.undo_append(slot, a);  // the books follow the device: nothing was committed
       throw;
     }
-    close_round(source, slot);
+    close_round(source, slot, stream);
   }
   void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
 
@@ -655,7 +698,10 @@ class hierarchy {
   }
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
     check_source(source);
-    return speculative() ? src_[source].verified[registry_.slot(id)] : 0;
+    if (!speculative()) return 0;
+    const std::size_t slot = registry_.slot(id);
+    if (src_[source].device_rounds) return read_device_verified(source, slot, stream_);
+    return src_[source].verified[slot];
   }
 
   /// Per-entry stats of the last verify of a source (synchronises the device).
@@ -784,12 +830,14 @@ class hierarchy {
     std::vector<std::size_t> staged;       // per slot: rows of the staged block, 0 if none
     std::vector<std::size_t> verified;     // per slot: K_r of the last verify since staging, 0 if none
     bool follower_plan_from_verify = false;  // pending follower copies replay the verify plan
+    bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
                 host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
-    std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0;
+    std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
+                v_staged = 0, v_verified = 0;
   };
   struct eager_layout {
     std::size_t count = 0, slots = 0, lengths = 0, sel = 0, loc = 0, total = 0;
@@ -846,6 +894,8 @@ class hierarchy {
       o.v_seen = k.take<std::uint32_t>(cap * words);
       o.v_rank = k.take<std::uint32_t>(cap * words);
       o.v_eager = k.take<std::byte>(verify_eager_offsets(cap, c.max_block).total);
+      o.v_staged = k.take<std::int32_t>(cap);
+      o.v_verified = k.take<std::int32_t>(cap);
     }
     o.total = k.bytes();
     return o;
@@ -889,9 +939,10 @@ class hierarchy {
     return verify_eager_offsets(c.max_requests, c.max_block).total;
   }
   [[nodiscard]] bool speculative() const { return cfg_.max_block > 1; }
-  void close_round(std::size_t source, std::size_t slot) {
+  void close_round(std::size_t source, std::size_t slot, cudaStream_t stream) {
     src_[source].staged[slot] = 0;
     src_[source].verified[slot] = 0;
+    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src_[source].vws, static_cast<int>(slot), 0, 0, stream));
   }
   void check_speculative(std::size_t source) const {
     check_source(source);
@@ -927,6 +978,8 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(detail::launch_verify_stage(src.view, static_cast<unsigned>(slot), rows,
                                                    src.books.slot(slot).frontier, static_cast<unsigned>(count),
                                                    sm_count_ * 8, stream));
+    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src.vws, static_cast<int>(slot), static_cast<std::int32_t>(count),
+                                                       0, stream));
     src.staged[slot] = count;
     src.verified[slot] = 0;
   }
@@ -955,6 +1008,13 @@ class hierarchy {
         throw selection_too_long(who() + ": query " + std::to_string(j) + " has " + std::to_string(q.length) +
                                  " entries, top_k is " + std::to_string(top_k));
     }
+  }
+  /// K_r of a slot's last good verify from the device books (synchronises `stream`).
+  std::size_t read_device_verified(std::size_t source, std::size_t slot, cudaStream_t stream) const {
+    std::int32_t v = 0;
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&v, src_[source].vws.verified + slot, sizeof(v), cudaMemcpyDeviceToHost, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    return static_cast<std::size_t>(v);
   }
   control_block read_verify_control(std::size_t source) const {
     control_block cb;
@@ -1001,8 +1061,10 @@ class hierarchy {
       case errc::size_mismatch:
         return who + ": K_r or a query length of " + std::to_string(r.value) + " does not fit the batch" + where;
       case errc::block_too_wide:
-        return who + " with K_r = " + std::to_string(r.value) + ", max_block is " + std::to_string(cfg_.max_block) +
-               where;
+        return who + " with K_r = " + std::to_string(r.value) + ", above max_block (" + std::to_string(cfg_.max_block) +
+               ") or the staged block" + where;
+      case errc::no_staged_block:
+        return who + " without a staged block" + where;
       case errc::selection_too_long:
         return who + ": query " + std::to_string(j) + " has " + std::to_string(r.value) + " entries, top_k is " +
                std::to_string(top_k) + where;
@@ -1075,6 +1137,8 @@ class hierarchy {
       vw.sticky = reinterpret_cast<entry_error*>(base + o.v_sticky);
       vw.seen = reinterpret_cast<std::uint32_t*>(base + o.v_seen);
       vw.word_rank = reinterpret_cast<std::uint32_t*>(base + o.v_rank);
+      vw.staged = reinterpret_cast<std::int32_t*>(base + o.v_staged);  // zero: the memset above
+      vw.verified = reinterpret_cast<std::int32_t*>(base + o.v_verified);
       vw.words = static_cast<std::uint32_t>((cfg_.max_rows + 31) / 32);
       vw.plan_stride = static_cast<std::uint32_t>(cfg_.max_block * top_k);
       vw.capacity = static_cast<std::uint32_t>(cfg_.max_requests);
@@ -1118,7 +1182,7 @@ class hierarchy {
                       cudaStream_t stream) {
     auto& src = src_[source];
     const auto a = src.books.commit_append(slot, count);
-    if (speculative()) close_round(source, slot);  // the history moved on: a staged block is superseded
+    if (speculative()) close_round(source, slot, stream);  // the history moved on: a staged block is superseded
     try {
       if (a.last_page > a.first_page)
         // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.

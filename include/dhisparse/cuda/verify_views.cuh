@@ -23,7 +23,9 @@ struct verify_query {
   location* locations = nullptr;         ///< `length` entries, written in selection order
 };
 
-/// A batch of speculative rounds on the device, for one verify launch on one source.
+/// A batch of speculative rounds on the device, for one verify launch on one source (build one
+/// over your own device buffers to capture `hierarchy::verify(source, view, stream)` in a CUDA
+/// graph; everything is read when the kernels run).
 ///
 /// Entry e (0 <= e < *count) names request slot `slots[e]` with K_r = `queries[e]` queries; query
 /// j of entry e reads `lengths[e * max_block + j]` entries from `selection_ptrs[e * max_block + j]`
@@ -57,6 +59,8 @@ struct verify_workspace_view {
   entry_error* sticky = nullptr;        ///< [capacity] records of the first failing verify (check_errors)
   std::uint32_t* seen = nullptr;        ///< [slots * words] per-slot bitmap of the union's missing rows (kept zero)
   std::uint32_t* word_rank = nullptr;   ///< [slots * words] missing rows before each bitmap word
+  std::int32_t* staged = nullptr;       ///< [slots] rows of the staged block, 0 if none (device books)
+  std::int32_t* verified = nullptr;     ///< [slots] K_r of the last good verify since staging, 0 if none
   std::uint32_t words = 0;              ///< bitmap words per slot: ceil(max_rows / 32)
   std::uint32_t plan_stride = 0;        ///< K_max * top_k
   std::uint32_t capacity = 0;

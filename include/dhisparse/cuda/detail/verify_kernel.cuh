@@ -106,6 +106,11 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
       } else if (kr > static_cast<int>(batch.max_block) || kr > QMAX) {
         code = to_status(errc::block_too_wide);
         value = kr;
+      } else if (const std::int32_t staged = ws.staged[slot]; staged == 0) {
+        code = to_status(errc::no_staged_block);
+      } else if (kr > staged) {
+        code = to_status(errc::block_too_wide);
+        value = kr;
       }
     }
     s_slot = slot;
@@ -410,6 +415,7 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
     rec.slot = slot;
     rec.frontier = F;
     ws.errors[t] = rec;
+    ws.verified[slot] = kr;  // the round may be committed (device books; read by commit after raw verifies)
   }
 }
 
@@ -576,7 +582,22 @@ __global__ void verify_forget_slot_kernel(verify_workspace_view ws, int slot) {
 }
 
 // --------------------------------------------------------------------------------------------
+// device books of a slot's round: staged rows and the last good verify's K_r
+
+__global__ void verify_set_round_kernel(verify_workspace_view ws, int slot, std::int32_t staged, std::int32_t verified) {
+  ws.staged[slot] = staged;
+  ws.verified[slot] = verified;
+}
+
+// --------------------------------------------------------------------------------------------
 // launchers (stream last, cudaError_t, no allocation, no host synchronisation)
+
+/// Sets a slot's device round books in stream order (stage: count/0; commit, append, complete: 0/0).
+inline cudaError_t launch_verify_set_round(const verify_workspace_view& ws, int slot, std::int32_t staged,
+                                           std::int32_t verified, cudaStream_t stream) {
+  verify_set_round_kernel<<<1, 1, 0, stream>>>(ws, slot, staged, verified);
+  return cudaGetLastError();
+}
 
 /// One-time setup of the metadata kernel's shared memory (above the 48 KiB default for large B).
 template <int HotRows, class OrderIndex>
