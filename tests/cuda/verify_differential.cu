@@ -86,6 +86,7 @@ class spec_run {
   std::map<request_id, std::array<std::vector<std::uint64_t>, S>> tags_;   // per committed row
   std::map<request_id, std::array<std::vector<std::uint64_t>, S>> block_;  // per staged block row
   std::uint64_t next_tag_ = 1;
+  std::vector<std::vector<std::byte>> pools_;  // the device pools of one source, copied once per check
 
   std::vector<std::byte> rows_for(request_id id, std::size_t s, std::int64_t first,
                                   const std::vector<std::uint64_t>& tags) {
@@ -218,18 +219,28 @@ class spec_run {
     const request_id id = tw.live[tw.uniform(tw.live.size())];
     std::vector<typename T::request_selection> batch{{id, tw.make_selection(id, s, K)}};
     const auto locs = tw.resolve(s, batch, dh::copy_layers::all, true, ctx + " plain resolve");
+    snapshot(s);
     check_bytes(s, id, batch[0].selection, locs[0], Layout::sources[s].payload_layers, ctx + " plain resolve");
     ++n.resolves;
   }
 
-  /// Exact bytes at every returned location (layers [0, layers)).
+  /// Copies every payload layer's pool of source s once (check_bytes reads the copy).
+  void snapshot(std::size_t s) {
+    const auto& d = Layout::sources[s];
+    pools_.resize(d.payload_layers);
+    for (std::size_t l = 0; l < d.payload_layers; ++l) {
+      pools_[l].resize(tw.dev.space().rows() * d.row_bytes);
+      tw.dev.copy_pool(s, l, pools_[l]);
+    }
+  }
+
+  /// Exact bytes at every returned location (layers [0, layers)) in the last `snapshot(s)`.
   void check_bytes(std::size_t s, request_id id, const std::vector<row_index>& sel, const std::vector<location>& locs,
                    std::size_t layers, const std::string& ctx) {
     const auto& d = Layout::sources[s];
     std::vector<std::byte> want(d.row_bytes);
     for (std::size_t l = 0; l < layers; ++l) {
-      std::vector<std::byte> pool(tw.dev.space().rows() * d.row_bytes);
-      tw.dev.copy_pool(s, l, pool);
+      const std::vector<std::byte>& pool = pools_[l];
       for (std::size_t i = 0; i < sel.size(); ++i) {
         if (sel[i] == dh::no_row) {
           if (locs[i] != dh::no_location) DHTEST_FAIL(ctx << ": entry " << i << " is -1 but got location " << locs[i]);
@@ -399,6 +410,7 @@ class spec_run {
         tw.dev.copy_follower(s, l);
       }
     }
+    snapshot(s);
     for (std::size_t e = 0; e < b; ++e)
       for (std::size_t j = 0; j < kr[e]; ++j) {
         const std::vector<location> g(got.begin() + static_cast<long>((e * km_ + j) * K),
