@@ -16,6 +16,11 @@
 /// and, for raw `batch_view` launches, bad slots, lengths and duplicates) leave that batch entry
 /// untouched (no location or state written), let the other entries resolve, and are thrown by
 /// `check_errors(stream)` as the typed error of the first bad entry of the first failing launch.
+///
+/// Speculative verification (hierarchy_config::max_block = K_max > 1, docs/speculative.md):
+/// `stage_block`, `verify` and `commit` follow the host reference call for call, with the same pool
+/// geometry (tail ring of T + K_max rows, K_max * top_k staging rows per slot); the kernels are in
+/// detail/verify_kernel.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -49,7 +54,9 @@
 #include "detail/residency_kernels.cuh"
 #include "detail/resolve_kernel.cuh"
 #include "detail/staging_ring.cuh"
+#include "detail/verify_kernel.cuh"
 #include "error.cuh"
+#include "verify_views.cuh"
 #include "views.cuh"
 
 /// Threads per CTA of the fused resolver (512 or 1024; one 1024-thread CTA per SM halves the
@@ -109,13 +116,14 @@ class hierarchy {
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
+    if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
     return r;
   }
 
   /// Allocates and initialises everything (synchronises `stream` before returning).
   explicit hierarchy(const hierarchy_config& cfg, cudaStream_t stream = nullptr)
       : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
-    space_ = location_space{cfg_.max_requests, hot_rows, cfg_.tail_rows, cfg_.optional_pages, page_rows};
+    space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
     pages_per_request_ = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
@@ -139,6 +147,11 @@ class hierarchy {
     live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(live_buffer_.data(), 0, live_buffer_.bytes(), stream_));
     ring_ = detail::staging_ring(eager_bytes(cfg_.max_requests), staging_depth);
+    if (speculative()) {
+      DHISPARSE_CUDA_TRY((detail::prepare_verify<static_cast<int>(hot_rows), order_index>()));
+      verify_ring_ = detail::staging_ring(verify_eager_bytes(cfg_), staging_depth);
+      verify_slots_.assign(cfg_.max_requests, 0);
+    }
     stamp_.assign(cfg_.max_requests, 0);
 
     for (std::size_t s = 0; s < sources; ++s) build_source(s);
@@ -193,6 +206,10 @@ class hierarchy {
       src.books.release_slot(slot);
       DHISPARSE_CUDA_TRY(detail::launch_forget_slot_plan(src.ws, static_cast<int>(slot), stream));
       DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
+      if (speculative()) {
+        close_round(s, slot, stream);
+        DHISPARSE_CUDA_TRY(detail::launch_verify_forget_slot(src.vws, static_cast<int>(slot), stream));
+      }
     }
     registry_.release(id);
     id_of_slot_[slot].reset();
@@ -337,6 +354,14 @@ class hierarchy {
       throw invalid_source("payload layer " + std::to_string(layer) + " is not a follower of source " +
                            std::to_string(source));
     if (!src.layer_pending[layer]) return;  // nothing planned, or already copied
+    if (src.follower_plan_from_verify) {
+      DHISPARSE_CUDA_TRY(detail::launch_verify_follower_copy(src.view, src.vws, static_cast<unsigned>(layer),
+                                                             sm_count_ * 4, stream));
+      src.layer_pending[layer] = false;
+      if (std::none_of(src.layer_pending.begin(), src.layer_pending.end(), [](bool b) { return b; }))
+        src.follower_plan_from_verify = false;
+      return;
+    }
     DHISPARSE_CUDA_TRY(detail::launch_follower_copy(src.view, src.ws, static_cast<unsigned>(layer),
                                                     static_cast<unsigned>(top_k), sm_count_ * 2, stream));
     src.layer_pending[layer] = false;
@@ -351,6 +376,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
+      if (speculative()) check_verify_errors(s);
       control_block cb;
       DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src.ws.control, sizeof(cb), cudaMemcpyDeviceToHost));
       if (cb.overflow != 0) {
@@ -571,6 +597,261 @@ class hierarchy {
     return src_[source].books.store().free_pages();
   }
 
+  // ------------------------------------------------------------------ speculative verification
+  // (hierarchy_config::max_block = K_max > 1; semantics of host_hierarchy, docs/speculative.md)
+
+  /// Stages the target's KV of a speculative block: positions frontier .. frontier+count-1 (anchor
+  /// and count-1 proposals) from device-accessible memory laid out [payload layer][count][row_bytes],
+  /// into the tail ring only (not the host store; the frontier stays). Replaces a previous block.
+  void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
+    const std::size_t slot = check_stage(id, source, count);
+    cudaPointerAttributes attr{};
+    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
+      throw invalid_configuration("stage_block: rows must be device-accessible (device or pinned memory); use the "
+                                  "std::span overload for pageable host memory");
+    stage_checked(source, slot, rows, count, stream);
+  }
+  /// Stages a block from any host memory (the host API's signature), through a stream-ordered
+  /// device allocation.
+  void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
+                   cudaStream_t stream) {
+    const std::size_t slot = check_stage(id, source, count);
+    const auto& d = Layout::sources[source];
+    if (rows.size() != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                          " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
+                          " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+    void* tmp = nullptr;
+    DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream));
+    stage_checked(source, slot, static_cast<const std::byte*>(tmp), count, stream);
+    DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+  }
+  void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    stage_block(id, source, rows, count, stream_);
+  }
+
+  /// Verifies one speculative round of a batch of requests on one source: two launches on
+  /// `stream` (metadata, then host copies), no host synchronisation, no allocation. Validates on
+  /// the host what it can (requests, duplicates, K_r against max_block and the staged block,
+  /// lengths, pending follower copies) and throws with nothing queued; bad selection entries
+  /// (out of range, not visible to their query) leave that entry untouched and are thrown by
+  /// `check_errors`, which also marks that request's round unverified. Uploads its descriptor
+  /// from pinned staging, so it cannot be captured in a CUDA graph: capture the
+  /// `verify_batch_view` overload instead.
+  void verify(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
+              copy_layers mode = copy_layers::all) {
+    check_speculative(source);
+    {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+      if (status != cudaStreamCaptureStatusNone)
+        throw invalid_configuration("the eager verify uploads its batch from host staging and cannot be captured; "
+                                    "capture verify(source, verify_batch_view, stream) instead");
+    }
+    auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+    if (++stamp_epoch_ == 0) {
+      std::fill(stamp_.begin(), stamp_.end(), 0u);
+      stamp_epoch_ = 1;
+    }
+    std::vector<std::size_t>& slots = verify_slots_;  // sized max_requests at construction: no allocation here
+    for (std::size_t e = 0; e < batch.size(); ++e) {
+      const auto& item = batch[e];
+      const std::size_t slot = registry_.slot(item.request);
+      if (stamp_[slot] == stamp_epoch_)
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one verify batch");
+      stamp_[slot] = stamp_epoch_;
+      validate_round(source, slot, item);
+      slots[e] = slot;  // e < max_requests: the slots are distinct
+    }
+    const auto n = static_cast<std::uint32_t>(batch.size());  // <= max_requests: slots are distinct
+    const std::size_t km = cfg_.max_block;
+    const verify_eager_layout lay = verify_eager_offsets(n, km);
+    unsigned ring_slot = 0;
+    std::byte* staged = verify_ring_.acquire(ring_slot);
+    std::memcpy(staged + lay.count, &n, sizeof(n));
+    for (std::uint32_t e = 0; e < n; ++e) {
+      const auto slot = static_cast<std::int32_t>(slots[e]);
+      const auto kr = static_cast<std::int32_t>(batch[e].queries.size());
+      std::memcpy(staged + lay.slots + e * sizeof(std::int32_t), &slot, sizeof(slot));
+      std::memcpy(staged + lay.queries + e * sizeof(std::int32_t), &kr, sizeof(kr));
+      for (std::size_t j = 0; j < batch[e].queries.size(); ++j) {
+        const verify_query& q = batch[e].queries[j];
+        const std::size_t at = e * km + j;
+        std::memcpy(staged + lay.lengths + at * sizeof(std::int32_t), &q.length, sizeof(std::int32_t));
+        std::memcpy(staged + lay.sel + at * sizeof(void*), &q.selection, sizeof(void*));
+        std::memcpy(staged + lay.loc + at * sizeof(void*), &q.locations, sizeof(void*));
+      }
+    }
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.v_eager, staged, lay.total, cudaMemcpyHostToDevice, stream));
+    verify_ring_.release(ring_slot, stream);
+    verify_batch_view v;
+    v.count = reinterpret_cast<const std::uint32_t*>(src.v_eager + lay.count);
+    v.slots = reinterpret_cast<const std::int32_t*>(src.v_eager + lay.slots);
+    v.queries = reinterpret_cast<const std::int32_t*>(src.v_eager + lay.queries);
+    v.lengths = reinterpret_cast<const std::int32_t*>(src.v_eager + lay.lengths);
+    v.selection_ptrs = reinterpret_cast<const row_index* const*>(src.v_eager + lay.sel);
+    v.location_ptrs = reinterpret_cast<location* const*>(src.v_eager + lay.loc);
+    v.max_block = static_cast<std::uint32_t>(km);
+    v.capacity = n;
+    const std::uint32_t layers =
+        mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
+        src.view, src.vws, v, layers, static_cast<std::uint32_t>(top_k),
+        static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
+        stream)));
+    for (std::uint32_t e = 0; e < n; ++e) src.verified[slots[e]] = batch[e].queries.size();
+    if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+      src.follower_plan_from_verify = true;
+    }
+  }
+  void verify(std::size_t source, std::span<const verify_batch_item> batch) { verify(source, batch, stream_); }
+
+  /// Verify over a device descriptor: no host synchronisation, no allocation, a fixed launch shape,
+  /// so it can be captured in a CUDA graph and replayed with other batch contents and counts.
+  /// Everything per entry (slot, K_r against max_block and the staged block, lengths, duplicates,
+  /// entries) is checked on the device and reported by `check_errors`. The K_r of each good round
+  /// is kept in device books, which `commit` (and `verified_queries`) then read for this source
+  /// (a 4-byte read that synchronises the commit's stream).
+  void verify(std::size_t source, const verify_batch_view& batch, cudaStream_t stream,
+              copy_layers mode = copy_layers::all) {
+    check_speculative(source);
+    auto& src = src_[source];
+    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
+      if (src.layer_pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+    if (batch.count == nullptr || batch.slots == nullptr || batch.queries == nullptr || batch.lengths == nullptr ||
+        batch.selection_ptrs == nullptr || batch.location_ptrs == nullptr)
+      throw size_mismatch("verify_batch_view needs device count, slots, queries, lengths and pointer arrays");
+    if (batch.max_block == 0)
+      throw size_mismatch("verify_batch_view needs max_block >= 1 (the stride of its per-query arrays)");
+    if (batch.capacity > cfg_.max_requests)
+      throw size_mismatch("verify_batch_view capacity " + std::to_string(batch.capacity) + " exceeds max_requests " +
+                          std::to_string(cfg_.max_requests));
+    const std::uint32_t layers =
+        mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
+        src.view, src.vws, batch, layers, static_cast<std::uint32_t>(top_k),
+        static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
+        stream)));
+    src.device_rounds = true;
+    if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
+      for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
+      src.follower_plan_from_verify = true;
+    }
+  }
+
+  /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  verify_stats verify_sync(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
+                           copy_layers mode = copy_layers::all) {
+    verify(source, batch, stream, mode);
+    check_errors(stream);
+    verify_stats total;
+    for (const auto& s : last_verify_stats(source)) total += s;
+    return total;
+  }
+
+  /// Commits a verified round: the anchor and `accepted` proposals (positions frontier ..
+  /// frontier+accepted) are backed up from the tail ring into the host store (host pages from the
+  /// books, so capacity_exceeded / host_pool_exhausted apply) and the frontier moves by
+  /// accepted+1 in stream order; the rest of the block is discarded. 0 <= accepted <= K_r - 1 of
+  /// the last verify. Not capturable (host pages are allocated here).
+  void commit(request_id id, std::size_t source, std::size_t accepted, cudaStream_t stream) {
+    check_speculative(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& src = src_[source];
+    if (src.device_rounds) src.verified[slot] = read_device_verified(source, slot, stream);
+    if (src.staged[slot] == 0 || src.verified[slot] == 0)
+      throw commit_without_verify("commit of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                                  " without a verify since its last stage_block");
+    if (accepted >= src.verified[slot])
+      throw acceptance_beyond_block("commit of request " + std::to_string(id) + " on source " +
+                                    std::to_string(source) + " accepts " + std::to_string(accepted) +
+                                    " proposals, the verified round had " + std::to_string(src.verified[slot] - 1));
+    src.books.check_append(id, source, slot, accepted + 1);
+    const auto a = src.books.commit_append(slot, accepted + 1);
+    try {
+      if (a.last_page > a.first_page)
+        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
+                                           src.books.slot(slot).host_pages.data() + a.first_page,
+                                           (a.last_page - a.first_page) * sizeof(std::int32_t),
+                                           cudaMemcpyHostToDevice, stream));
+      DHISPARSE_CUDA_TRY(detail::launch_verify_commit(src.view, static_cast<unsigned>(slot), a.first_row, a.last_row,
+                                                      sm_count_ * 8, stream));
+    } catch (...) {
+      src.books.undo_append(slot, a);  // the books follow the device: nothing was committed
+      throw;
+    }
+    close_round(source, slot, stream);
+  }
+  void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
+
+  /// Rows of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
+  [[nodiscard]] std::size_t staged_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
+  }
+  [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
+    check_source(source);
+    if (!speculative()) return 0;
+    const std::size_t slot = registry_.slot(id);
+    if (src_[source].device_rounds) return read_device_verified(source, slot, stream_);
+    return src_[source].verified[slot];
+  }
+
+  /// Per-entry stats of the last verify of a source (synchronises the device).
+  [[nodiscard]] std::vector<verify_stats> last_verify_stats(std::size_t source) const {
+    check_speculative(source);
+    const auto& src = src_[source];
+    const control_block cb = read_verify_control(source);
+    std::vector<verify_entry_stats> raw(std::min<std::size_t>(cb.last_count, cfg_.max_requests));
+    if (!raw.empty())
+      DHISPARSE_CUDA_TRY(
+          cudaMemcpy(raw.data(), src.vws.stats, raw.size() * sizeof(verify_entry_stats), cudaMemcpyDeviceToHost));
+    std::vector<verify_stats> out;
+    out.reserve(raw.size());
+    for (const auto& r : raw)
+      out.push_back({r.selected, r.direct, r.block, r.hot, r.host, r.staged, r.rows_copied,
+                     static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes,
+                     r.staging_rows});
+    return out;
+  }
+  /// Host copies made by the last verify of a source, in batch order then ascending row (the host
+  /// backend's `last_plan` after a verify; synchronises the device).
+  [[nodiscard]] std::vector<planned_copy> last_verify_plan(std::size_t source) const {
+    check_speculative(source);
+    const auto& src = src_[source];
+    const control_block cb = read_verify_control(source);
+    const std::size_t n = std::min<std::size_t>(cb.last_count, cfg_.max_requests);
+    std::vector<verify_entry_stats> stats(n);
+    std::vector<entry_error> errs(n);
+    std::vector<plan_entry> plan(n * src.vws.plan_stride);
+    if (n != 0) {
+      DHISPARSE_CUDA_TRY(cudaMemcpy(stats.data(), src.vws.stats, n * sizeof(verify_entry_stats), cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemcpy(errs.data(), src.vws.errors, n * sizeof(entry_error), cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemcpy(plan.data(), src.vws.plan, plan.size() * sizeof(plan_entry), cudaMemcpyDeviceToHost));
+    }
+    std::vector<planned_copy> out;
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t m = 0; m < stats[t].rows_copied; ++m) {
+        const plan_entry& p = plan[t * src.vws.plan_stride + m];
+        out.push_back({static_cast<std::size_t>(errs[t].slot), p.row, p.dst});
+      }
+    return out;
+  }
+  /// The device workspace of a source's verification kernels.
+  [[nodiscard]] const verify_workspace_view& verify_workspace(std::size_t source) const {
+    check_speculative(source);
+    return src_[source].vws;
+  }
+
   // ------------------------------------------------------------------ views and inspection
 
   /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes`.
@@ -645,11 +926,20 @@ class hierarchy {
     std::byte* eager = nullptr;            // device batch descriptor of eager resolves
     std::vector<std::byte*> layer_ptrs;    // host copy of the per-layer pool bases
     std::vector<bool> layer_pending;
+    // speculative verification (max_block > 1)
+    verify_workspace_view vws{};
+    std::byte* v_eager = nullptr;          // device descriptor of eager verifies
+    std::vector<std::size_t> staged;       // per slot: rows of the staged block, 0 if none
+    std::vector<std::size_t> verified;     // per slot: K_r of the last verify since staging, 0 if none
+    bool follower_plan_from_verify = false;  // pending follower copies replay the verify plan
+    bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
                 host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
+    std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
+                v_staged = 0, v_verified = 0;
   };
   struct eager_layout {
     std::size_t count = 0, slots = 0, lengths = 0, sel = 0, loc = 0, total = 0;
@@ -659,9 +949,11 @@ class hierarchy {
     if (c.max_requests == 0) throw invalid_configuration("max_requests must be at least 1");
     if (c.max_rows == 0) throw invalid_configuration("max_rows must be at least 1");
     if (c.max_rows > static_cast<std::size_t>(INT32_MAX)) throw invalid_configuration("max_rows exceeds int32 rows");
-    if (c.max_block != 1)
-      throw invalid_configuration("the CUDA backend does not verify speculative blocks yet (max_block must be 1; the "
-                                  "host reference hierarchy supports max_block > 1)");
+    if (c.max_block == 0) throw invalid_configuration("max_block must be at least 1");
+    if (c.max_block > c.max_rows) throw invalid_configuration("max_block exceeds max_rows");
+    if (c.max_block > max_verify_block)
+      throw invalid_configuration("the CUDA backend verifies blocks of at most " + std::to_string(max_verify_block) +
+                                  " positions (max_block is " + std::to_string(c.max_block) + ")");
     if (c.max_requests > max_request_slots)
       throw invalid_configuration("the CUDA backend supports at most " + std::to_string(max_request_slots) +
                                   " request slots (the follower copy scans the batch in shared memory)");
@@ -672,7 +964,7 @@ class hierarchy {
   }
   static offsets source_offsets(const hierarchy_config& c, std::size_t s) {
     const auto& d = Layout::sources[s];
-    const location_space sp{c.max_requests, hot_rows, c.tail_rows, c.optional_pages, page_rows};
+    const location_space sp = make_space(c);
     const std::size_t ppr = (c.max_rows + page_rows - 1) / page_rows;
     const std::size_t cap = c.max_requests;
     detail::carver k;
@@ -695,6 +987,19 @@ class hierarchy {
     o.sticky = k.take<entry_error>(cap);
     o.stats = k.take<entry_stats>(cap);
     o.eager = k.take<std::byte>(eager_bytes(cap));
+    if (c.max_block > 1) {  // verification workspace; nothing without speculation
+      const std::size_t words = (c.max_rows + 31) / 32;
+      o.v_control = k.take<control_block>(1);
+      o.v_plan = k.take<plan_entry>(cap * c.max_block * top_k);
+      o.v_stats = k.take<verify_entry_stats>(cap);
+      o.v_errors = k.take<entry_error>(cap);
+      o.v_sticky = k.take<entry_error>(cap);
+      o.v_seen = k.take<std::uint32_t>(cap * words);
+      o.v_rank = k.take<std::uint32_t>(cap * words);
+      o.v_eager = k.take<std::byte>(verify_eager_offsets(cap, c.max_block).total);
+      o.v_staged = k.take<std::int32_t>(cap);
+      o.v_verified = k.take<std::int32_t>(cap);
+    }
     o.total = k.bytes();
     return o;
   }
@@ -710,6 +1015,172 @@ class hierarchy {
     return l;
   }
   static std::size_t eager_bytes(std::size_t cap) { return eager_offsets(cap).total; }
+
+  // ---- speculative verification helpers
+  struct verify_eager_layout {
+    std::size_t count = 0, slots = 0, queries = 0, lengths = 0, sel = 0, loc = 0, total = 0;
+  };
+  /// Pool geometry: with K_max > 1 the tail ring holds T + K_max rows and every slot K_max * top_k
+  /// staging rows (the host reference's layout, so locations agree).
+  static location_space make_space(const hierarchy_config& c) {
+    const bool spec = c.max_block > 1;
+    return location_space{c.max_requests, hot_rows, c.tail_rows + (spec ? c.max_block : 0), c.optional_pages,
+                          page_rows, spec ? c.max_block * top_k : 0};
+  }
+  static verify_eager_layout verify_eager_offsets(std::size_t n, std::size_t km) {
+    const auto up16 = [](std::size_t x) { return (x + 15) / 16 * 16; };
+    verify_eager_layout l;
+    l.slots = 16;
+    l.queries = l.slots + up16(n * sizeof(std::int32_t));
+    l.lengths = l.queries + up16(n * sizeof(std::int32_t));
+    l.sel = l.lengths + up16(n * km * sizeof(std::int32_t));
+    l.loc = l.sel + n * km * sizeof(void*);
+    l.total = l.loc + n * km * sizeof(void*);
+    return l;
+  }
+  static std::size_t verify_eager_bytes(const hierarchy_config& c) {
+    return verify_eager_offsets(c.max_requests, c.max_block).total;
+  }
+  [[nodiscard]] bool speculative() const { return cfg_.max_block > 1; }
+  void close_round(std::size_t source, std::size_t slot, cudaStream_t stream) {
+    src_[source].staged[slot] = 0;
+    src_[source].verified[slot] = 0;
+    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src_[source].vws, static_cast<int>(slot), 0, 0, stream));
+  }
+  void check_speculative(std::size_t source) const {
+    check_source(source);
+    if (Layout::sources[source].positions_per_row != 1)
+      throw packed_rows_unsupported("source " + std::to_string(source) + " packs " +
+                                    std::to_string(Layout::sources[source].positions_per_row) +
+                                    " positions per row; speculative verification supports m = 1 sources only (not yet)");
+    if (!speculative())
+      throw invalid_configuration("speculative calls need hierarchy_config::max_block >= 2 (the tail ring has no "
+                                  "room for a block); with max_block = 1 use append and resolve");
+  }
+  /// Host checks of stage_block (the host reference's order); returns the slot.
+  std::size_t check_stage(request_id id, std::size_t source, std::size_t count) const {
+    check_speculative(source);
+    const std::size_t slot = registry_.slot(id);
+    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    if (count == 0)
+      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                          " with no rows (a block holds at least the anchor)");
+    if (count > cfg_.max_block)
+      throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                           " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
+    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - f))
+      throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
+                              ": positions " + std::to_string(f) + " .. " +
+                              std::to_string(f + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
+                              std::to_string(cfg_.max_rows) + " rows");
+    return slot;
+  }
+  void stage_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,
+                     cudaStream_t stream) {
+    auto& src = src_[source];
+    DHISPARSE_CUDA_TRY(detail::launch_verify_stage(src.view, static_cast<unsigned>(slot), rows,
+                                                   src.books.slot(slot).frontier, static_cast<unsigned>(count),
+                                                   sm_count_ * 8, stream));
+    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src.vws, static_cast<int>(slot), static_cast<std::int32_t>(count),
+                                                       0, stream));
+    src.staged[slot] = count;
+    src.verified[slot] = 0;
+  }
+  /// Host checks of one request's verify round (the host reference's order, entries excepted:
+  /// those are checked on the device).
+  void validate_round(std::size_t source, std::size_t slot, const verify_batch_item& item) const {
+    const auto& src = src_[source];
+    // The message is built only on failure (no host allocation on the good path).
+    const auto who = [&] {
+      return "verify of request " + std::to_string(item.request) + " on source " + std::to_string(source);
+    };
+    const std::size_t kr = item.queries.size();
+    if (kr == 0) throw size_mismatch(who() + " has no queries (K_r >= 1: the anchor)");
+    if (kr > cfg_.max_block)
+      throw block_too_wide(who() + " with K_r = " + std::to_string(kr) + ", max_block is " + std::to_string(cfg_.max_block));
+    if (src.staged[slot] == 0) throw no_staged_block(who() + " without a staged block");
+    if (kr > src.staged[slot])
+      throw block_too_wide(who() + " with K_r = " + std::to_string(kr) + " queries, the staged block has " +
+                           std::to_string(src.staged[slot]) + " positions");
+    for (std::size_t j = 0; j < kr; ++j) {
+      const verify_query& q = item.queries[j];
+      if (q.length < 0 || (q.length > 0 && (q.selection == nullptr || q.locations == nullptr)))
+        throw size_mismatch(who() + ": query " + std::to_string(j) + " of length " + std::to_string(q.length) +
+                            " needs device selection and location pointers");
+      if (static_cast<std::size_t>(q.length) > top_k)
+        throw selection_too_long(who() + ": query " + std::to_string(j) + " has " + std::to_string(q.length) +
+                                 " entries, top_k is " + std::to_string(top_k));
+    }
+  }
+  /// K_r of a slot's last good verify from the device books (synchronises `stream`).
+  std::size_t read_device_verified(std::size_t source, std::size_t slot, cudaStream_t stream) const {
+    std::int32_t v = 0;
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(&v, src_[source].vws.verified + slot, sizeof(v), cudaMemcpyDeviceToHost, stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    return static_cast<std::size_t>(v);
+  }
+  control_block read_verify_control(std::size_t source) const {
+    control_block cb;
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src_[source].vws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+    return cb;
+  }
+  /// The verify part of `check_errors`: throws the first bad entry of the first failing verify of
+  /// a source; every request whose entry failed there has its round marked unverified (its device
+  /// state did not change, so a commit must follow a successful verify).
+  void check_verify_errors(std::size_t s) {
+    auto& src = src_[s];
+    control_block cb;
+    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src.vws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+    if (cb.overflow != 0) {
+      DHISPARSE_CUDA_TRY(cudaMemset(&src.vws.control->overflow, 0, sizeof(std::uint32_t)));
+      DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+      throw size_mismatch("verify on source " + std::to_string(s) + " was given a batch count of " +
+                          std::to_string(cb.overflow) + ", above the batch capacity; extra entries were ignored");
+    }
+    if (cb.sticky_epoch == 0) return;
+    std::vector<entry_error> recs(cfg_.max_requests);
+    DHISPARSE_CUDA_TRY(
+        cudaMemcpy(recs.data(), src.vws.sticky, recs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
+    DHISPARSE_CUDA_TRY(cudaMemset(&src.vws.control->sticky_epoch, 0, sizeof(std::uint32_t)));
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    for (const auto& r : recs)
+      if (r.epoch == cb.sticky_epoch && r.code != status_ok && r.slot >= 0 &&
+          static_cast<std::size_t>(r.slot) < cfg_.max_requests)
+        src.verified[static_cast<std::size_t>(r.slot)] = 0;
+    for (std::size_t t = 0; t < recs.size(); ++t)
+      if (recs[t].epoch == cb.sticky_epoch && recs[t].code != status_ok)
+        throw_error(to_errc(recs[t].code), describe_verify(s, t, recs[t]));
+  }
+  std::string describe_verify(std::size_t source, std::size_t t, const entry_error& r) const {
+    const std::string where = " (verify batch entry " + std::to_string(t) + ", source " + std::to_string(source) + ")";
+    const std::string who = "verify of " + request_name(r.slot) + " on source " + std::to_string(source);
+    const int j = r.index >= 0 ? r.index >> 24 : -1, i = r.index >= 0 ? r.index & 0xFFFFFF : -1;
+    switch (to_errc(r.code)) {
+      case errc::unknown_request:
+        return "request slot " + std::to_string(r.value) + " holds no admitted request" + where;
+      case errc::duplicate_in_batch:
+        return request_name(r.slot) + " appears twice in one verify batch" + where;
+      case errc::size_mismatch:
+        return who + ": K_r or a query length of " + std::to_string(r.value) + " does not fit the batch" + where;
+      case errc::block_too_wide:
+        return who + " with K_r = " + std::to_string(r.value) + ", above max_block (" + std::to_string(cfg_.max_block) +
+               ") or the staged block" + where;
+      case errc::no_staged_block:
+        return who + " without a staged block" + where;
+      case errc::selection_too_long:
+        return who + ": query " + std::to_string(j) + " has " + std::to_string(r.value) + " entries, top_k is " +
+               std::to_string(top_k) + where;
+      case errc::position_out_of_range:
+        return who + ": query " + std::to_string(j) + " entry " + std::to_string(i) + " is row " +
+               std::to_string(r.value) + ", outside [0, " + std::to_string(cfg_.max_rows) + ") and not -1" + where;
+      case errc::position_not_visible:
+        return who + ": query " + std::to_string(j) + " (position " + std::to_string(r.frontier + j) + ") entry " +
+               std::to_string(i) + " selects row " + std::to_string(r.value) + ", which it cannot see" + where;
+      default:
+        return std::string(to_string(to_errc(r.code))) + where;
+    }
+  }
 
   void build_source(std::size_t s) {
     const auto& d = Layout::sources[s];
@@ -761,6 +1232,24 @@ class hierarchy {
     w.stats = reinterpret_cast<entry_stats*>(base + o.stats);
     w.capacity = static_cast<std::uint32_t>(cfg_.max_requests);
     src.eager = base + o.eager;
+    if (speculative()) {
+      verify_workspace_view& vw = src.vws;
+      vw.control = reinterpret_cast<control_block*>(base + o.v_control);
+      vw.plan = reinterpret_cast<plan_entry*>(base + o.v_plan);
+      vw.stats = reinterpret_cast<verify_entry_stats*>(base + o.v_stats);
+      vw.errors = reinterpret_cast<entry_error*>(base + o.v_errors);
+      vw.sticky = reinterpret_cast<entry_error*>(base + o.v_sticky);
+      vw.seen = reinterpret_cast<std::uint32_t*>(base + o.v_seen);
+      vw.word_rank = reinterpret_cast<std::uint32_t*>(base + o.v_rank);
+      vw.staged = reinterpret_cast<std::int32_t*>(base + o.v_staged);  // zero: the memset above
+      vw.verified = reinterpret_cast<std::int32_t*>(base + o.v_verified);
+      vw.words = static_cast<std::uint32_t>((cfg_.max_rows + 31) / 32);
+      vw.plan_stride = static_cast<std::uint32_t>(cfg_.max_block * top_k);
+      vw.capacity = static_cast<std::uint32_t>(cfg_.max_requests);
+      src.v_eager = base + o.v_eager;
+      src.staged.assign(cfg_.max_requests, 0);
+      src.verified.assign(cfg_.max_requests, 0);
+    }
 
     DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
 
@@ -797,6 +1286,7 @@ class hierarchy {
                       cudaStream_t stream) {
     auto& src = src_[source];
     const auto a = src.books.commit_append(slot, count);
+    if (speculative()) close_round(source, slot, stream);  // the history moved on: a staged block is superseded
     try {
       if (a.last_page > a.first_page)
         // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.
@@ -878,6 +1368,8 @@ class hierarchy {
   unsigned copy_warps_ = 0, rows_per_warp_ = 2;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
+  detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)
+  std::vector<std::size_t> verify_slots_;  // slots of the verify batch being validated
   std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_epoch_ = 0;
   std::array<source_state, sources> src_;
