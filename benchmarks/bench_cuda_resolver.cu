@@ -76,6 +76,7 @@ std::uint32_t g_warmup_steps = 5;
 bool g_flush_l2 = true;
 unsigned g_copy_warps = 0;     // --dh_copy_warps: resolver copy warps per CTA (0: library default)
 unsigned g_rows_per_warp = 0;  // --dh_rows_per_warp: rows in flight per copying warp (0: library default)
+int g_early_copy_max_batch = -1;  // --dh_early_copy_max_batch: largest early-copy batch (-1: library default)
 int g_failures = 0;
 
 std::uint32_t misses_for(double rate) { return static_cast<std::uint32_t>(std::llround(rate * kTopK)); }
@@ -161,6 +162,7 @@ class dh_adapter {
   dh_adapter(std::uint32_t requests, const std::byte* history, cudaStream_t s) : stream_(s) {
     h_ = std::make_unique<hierarchy>(config(requests), s);
     if (g_copy_warps != 0 || g_rows_per_warp != 0) h_->set_copy_shape(g_copy_warps, g_rows_per_warp);
+    if (g_early_copy_max_batch >= 0) h_->set_early_copy_max_batch(static_cast<unsigned>(g_early_copy_max_batch));
     slot_of_.resize(requests);
     constexpr std::size_t chunk = 25000;
     for (std::uint32_t q = 0; q < requests; ++q) {
@@ -605,6 +607,7 @@ void parse_own_flags(int& argc, char** argv) {
     else if (std::sscanf(argv[i], "--dh_flush_l2=%u", &v) == 1) g_flush_l2 = v != 0;
     else if (std::sscanf(argv[i], "--dh_copy_warps=%u", &v) == 1) g_copy_warps = v;
     else if (std::sscanf(argv[i], "--dh_rows_per_warp=%u", &v) == 1) g_rows_per_warp = v;
+    else if (std::sscanf(argv[i], "--dh_early_copy_max_batch=%u", &v) == 1) g_early_copy_max_batch = static_cast<int>(v);
     else argv[out++] = argv[i];
   }
   argc = out;
@@ -644,6 +647,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("dhisparse_warmup_steps", std::to_string(g_warmup_steps));
   benchmark::AddCustomContext("dhisparse_history_rows", std::to_string(kHist));
   benchmark::AddCustomContext("dhisparse_flush_l2", g_flush_l2 ? "1" : "0");
+  benchmark::AddCustomContext("dhisparse_early_copy_max_batch",
+                              g_early_copy_max_batch < 0 ? "default" : std::to_string(g_early_copy_max_batch));
   benchmark::AddCustomContext("dhisparse_copy_shape",
                               std::to_string(g_copy_warps) + " warps x " + std::to_string(g_rows_per_warp) + " rows");
   benchmark::RunSpecifiedBenchmarks();

@@ -182,6 +182,9 @@ class hierarchy {
     copy_warps_ = copy_warps;
     rows_per_warp_ = rows_per_warp;
   }
+  /// Largest batch whose copies start early, in selection order (a tuning switch; default 16,
+  /// 0 turns early copies off): see resolve_params::early_copy_max_batch.
+  void set_early_copy_max_batch(unsigned entries) { early_copy_max_batch_ = entries; }
 
   // ------------------------------------------------------------------ admission
 
@@ -1307,6 +1310,7 @@ class hierarchy {
     p.layers_to_copy = mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
     p.copy_warps = copy_warps_;
     p.rows_per_warp = rows_per_warp_;
+    p.early_copy_max_batch = early_copy_max_batch_;
     DHISPARSE_CUDA_TRY(
         (detail::launch_fused_resolve<resolve_traits, order_index>(src.view, src.ws, v, p, grid_, stream)));
     if (mode == copy_layers::producer_only)
@@ -1366,6 +1370,7 @@ class hierarchy {
   int grid_ = 0;
   int pageable_access_ = 0;
   unsigned copy_warps_ = 0, rows_per_warp_ = 2;
+  unsigned early_copy_max_batch_ = resolve_params{}.early_copy_max_batch;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)

@@ -126,6 +126,10 @@ struct resolve_params {
   std::uint32_t layers_to_copy = 1;  ///< payload layers materialised (all, or 1 for producer_only)
   std::uint32_t copy_warps = 0;      ///< warps per CTA that copy (0: all)
   std::uint32_t rows_per_warp = 2;   ///< rows a copying warp keeps in flight (1 or 2)
+  /// Batches up to this size copy their missing entries in selection order, published before the
+  /// misses are ranked: copies start earlier, and at small batches address order buys nothing
+  /// (larger batches copy distinct rows in ascending order, which is kinder to translation).
+  std::uint32_t early_copy_max_batch = 16;
 };
 
 static_assert(std::is_trivially_copyable_v<source_view<std::uint16_t>>);

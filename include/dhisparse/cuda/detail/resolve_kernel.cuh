@@ -27,7 +27,7 @@
 ///    for their entries' `placed` bit, so PCIe reads overlap the LRU work of the entries. No
 ///    atomics on this copy path: at any moment the grid works on one contiguous window of the
 ///    list (ascending rows = host address order within a request).
-///  * early copies (batches of at most `early_copy_max_batch` entries, where address order buys
+///  * early copies (batches of at most `resolve_params::early_copy_max_batch` entries, where address order buys
 ///    nothing): an entry publishes its missing entries in selection order (`early_plan`, repeats
 ///    included) right after classifying them, before ranking, and its copy units are claimed in
 ///    groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
@@ -76,10 +76,6 @@ struct resolve_traits {
   static constexpr int ways_per_thread = ceil_div_int(HotRows, Block);   ///< hot ways per thread
   static constexpr int sort_capacity = 1 << log2_ceil(TopK);  ///< bitonic network width for up to top_k misses
   static constexpr unsigned max_rows_per_warp = 2;
-  /// Batches up to this size copy their missing entries in selection order, published before the
-  /// misses are ranked: copies start earlier, and at small batches address order buys nothing
-  /// (larger batches copy distinct rows in ascending order, which is kinder to translation).
-  static constexpr unsigned early_copy_max_batch = 16;
   static_assert(entries_per_thread <= 32,
                 "dhisparse::cuda: the fused resolver supports top_k <= 32 * block threads (16384 at 512 threads)");
   static_assert(ways_per_thread <= 32,
@@ -596,7 +592,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
   }
   plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
   plan_entry* const early_plan = ws.early_plan + static_cast<std::size_t>(t) * K;
-  const bool early = C <= Traits::early_copy_max_batch;
+  const bool early = C <= p.early_copy_max_batch;
   if (early) {  // copy sources in selection order, repeats included (their copies are dropped later)
     int pos = ordinal;
 #pragma unroll
@@ -842,7 +838,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
   const unsigned layers = p.layers_to_copy;
   const unsigned stride = gridDim.x * copy_warps * R;
-  const bool early = C <= Traits::early_copy_max_batch;
+  const bool early = C <= p.early_copy_max_batch;
   const plan_entry* const copy_plan = early ? ws.early_plan : ws.plan;
   // One group of R units: the first chunk of every row is fetched before the destinations are
   // known, then the warp waits for its entries' `placed` bit.
