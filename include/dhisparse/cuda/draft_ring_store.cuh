@@ -13,8 +13,9 @@
 ///   ring_kv.commit(slot, accepted);                 // host books only: no device work, no sync
 ///
 /// Book-keeping errors throw before any device work, with the store unchanged. Copies return the
-/// CUDA status and leave the books unchanged when they fail to enqueue. Writes and commits do not
-/// synchronise; a kernel reading rows must be ordered after the write on the same stream (or an
+/// CUDA status; the books stay unchanged when nothing was enqueued (when the second piece of a
+/// wrapping block fails, positions from the write's first one on are dropped). Writes and commits
+/// do not synchronise; a kernel reading rows must be ordered after the write on the same stream (or an
 /// event), and a rewrite of a row must be ordered after the kernels still reading it.
 #include <cuda_runtime.h>
 
@@ -82,7 +83,12 @@ class draft_ring_store {
       const std::size_t run = std::min(count - done, rows_per_slot - at);
       const cudaError_t e = cudaMemcpy2DAsync(r.row(slot, first + done), r.layer_stride(), rows + done * rb, count * rb,
                                               run * rb, cfg_.layers, cudaMemcpyDefault, stream);
-      if (e != cudaSuccess) return e;  // books unchanged; an earlier piece may have landed in tentative rows
+      if (e != cudaSuccess) {
+        // A first piece already enqueued replaces block rows from `first` on, so the books drop
+        // those positions rather than claim rows they no longer describe (committed rows untouched).
+        if (done > 0) books_.note_write(slot, first, 0);
+        return e;
+      }
       done += run;
     }
     books_.note_write(slot, first, count);
