@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include <dhisparse/cuda/draft_ring_store.cuh>
 #include <dhisparse/cuda/hierarchy.cuh>
 #include <dhisparse/hierarchy_types.hpp>
 #include <dhisparse/layout.hpp>
@@ -410,7 +411,21 @@ void bm_memory(benchmark::State& state) {
   c["hierarchy_tail_ring_growth_per_session_B"] = tail_growth;
   c["hierarchy_verify_workspace_per_session_B"] = extra_dev - staging - tail_growth;
   c["hierarchy_speculative_pinned_B"] = static_cast<double>(with.pinned_bytes - without.pinned_bytes);
-  state.SetLabel("memory (draft ring: planner only; the hierarchy holds no draft ring yet)");
+  // The draft ring a DFlash2 drafter allocates: cuda::draft_ring_store for the same W, K_max, p and
+  // draft row (six layers, K and V of 1024 B each) over the same slots. It holds exactly R_d rows
+  // per slot and no device metadata, so it equals the planner's term; a difference is a bug.
+  using dflash2_ring = dhisparse::draft_ring<2048, 8, 64>;
+  static_assert(dflash2_ring::window == dhisparse::drafters::dflash2.window &&
+                dflash2_ring::max_block == dhisparse::drafters::dflash2.max_block &&
+                dflash2_ring::page_rows == dhisparse::drafters::dflash2.page_rows);
+  const auto ring = dhisparse::cuda::draft_ring_store<dflash2_ring>::requirements(
+      {.slots = n,
+       .row_bytes = dhisparse::drafters::dflash2_allocations_per_layer * dhisparse::drafters::dflash2_allocation_row_bytes,
+       .layers = dhisparse::drafters::dflash2_draft_layers});
+  c["allocated_draft_ring_per_session_B"] = static_cast<double>(ring.bytes) / n;
+  c["allocated_ring_plus_staging_per_session_B"] = static_cast<double>(ring.bytes) / n + staging;
+  if (ring.bytes_per_slot != p.draft_ring) fail(state, "memory: allocated draft ring differs from the planner's");
+  state.SetLabel("memory (draft ring: planner vs cuda::draft_ring_store; staging: planner vs hierarchy)");
 }
 
 void parse_own_flags(int& argc, char** argv) {

@@ -3,6 +3,7 @@
 /// Umbrella header of the host side of dhisparse (pure C++20, no CUDA headers).
 #include "errors.hpp"
 #include "hierarchy_types.hpp"
+#include "host/draft_ring_store.hpp"
 #include "host/hierarchy.hpp"
 #include "host/host_store.hpp"
 #include "host/residency_manager.hpp"

@@ -29,6 +29,10 @@ enum class errc {
   commit_without_verify,     ///< commit of a request/source with no verify since its last stage_block
   acceptance_beyond_block,   ///< commit accepts more proposals than the verified round had (accepted > K_r - 1)
   packed_rows_unsupported,   ///< speculative calls on a source that packs several positions per row (m > 1)
+  // Draft ring storage (appended, same reason).
+  invalid_slot,              ///< a draft ring slot index at or past the store's slot count
+  draft_position_not_live,   ///< a draft ring read of a position older than the window or not written yet
+  draft_write_out_of_order,  ///< a draft ring write of a committed position or one past the write frontier
 };
 
 /// Short name of an error category, for messages and logs.
@@ -53,6 +57,9 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::commit_without_verify: return "commit_without_verify";
     case errc::acceptance_beyond_block: return "acceptance_beyond_block";
     case errc::packed_rows_unsupported: return "packed_rows_unsupported";
+    case errc::invalid_slot: return "invalid_slot";
+    case errc::draft_position_not_live: return "draft_position_not_live";
+    case errc::draft_write_out_of_order: return "draft_write_out_of_order";
   }
   return "unknown";
 }
@@ -93,6 +100,9 @@ using position_not_visible = typed_error<errc::position_not_visible>;
 using commit_without_verify = typed_error<errc::commit_without_verify>;
 using acceptance_beyond_block = typed_error<errc::acceptance_beyond_block>;
 using packed_rows_unsupported = typed_error<errc::packed_rows_unsupported>;
+using invalid_slot = typed_error<errc::invalid_slot>;
+using draft_position_not_live = typed_error<errc::draft_position_not_live>;
+using draft_write_out_of_order = typed_error<errc::draft_write_out_of_order>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -116,6 +126,9 @@ using packed_rows_unsupported = typed_error<errc::packed_rows_unsupported>;
     case errc::commit_without_verify: throw commit_without_verify(what);
     case errc::acceptance_beyond_block: throw acceptance_beyond_block(what);
     case errc::packed_rows_unsupported: throw packed_rows_unsupported(what);
+    case errc::invalid_slot: throw invalid_slot(what);
+    case errc::draft_position_not_live: throw draft_position_not_live(what);
+    case errc::draft_write_out_of_order: throw draft_write_out_of_order(what);
   }
   throw error(code, what);
 }
