@@ -40,7 +40,7 @@ struct resolve_item {
 };
 
 /// One request's part of a speculative verify call (host backend): K_r = queries.size() target
-/// queries, query j at position frontier + j (j = 0 is the anchor).
+/// queries, query j at position n + j, n = `positions()` (frontier for m = 1; j = 0 is the anchor).
 struct verify_item {
   request_id request = 0;
   std::span<const std::span<const row_index>> queries;  ///< K_r ordered selections, -1 padded, <= top_k each

@@ -44,11 +44,14 @@ struct snapshot {
   bool operator==(const snapshot&) const = default;
 };
 
-snapshot take(const H& h, std::span<const request_id> ids) {
+template <class Hier = H>
+snapshot take(const Hier& h, std::span<const request_id> ids) {
+  using L = typename Hier::layout;
   snapshot sn;
   for (request_id id : ids)
-    for (std::size_t s = 0; s < H::sources; ++s) {
+    for (std::size_t s = 0; s < Hier::sources; ++s) {
       sn.frontier.push_back(h.frontier(id, s));
+      sn.frontier.push_back(h.positions(id, s));
       sn.staged.push_back(h.staged_rows(id, s));
       sn.verified.push_back(h.verified_queries(id, s));
       sn.hot.emplace_back(h.hot_rows_of(id, s).begin(), h.hot_rows_of(id, s).end());
@@ -56,15 +59,15 @@ snapshot take(const H& h, std::span<const request_id> ids) {
       sn.optional.emplace_back(h.optional_map_of(id, s).begin(), h.optional_map_of(id, s).end());
       std::vector<std::byte> rows;
       for (std::int64_t r = 0; r < h.frontier(id, s); ++r)
-        for (std::size_t l = 0; l < layout::sources[s].payload_layers; ++l) {
+        for (std::size_t l = 0; l < L::sources[s].payload_layers; ++l) {
           const auto b = h.host_row(id, s, l, r);
           rows.insert(rows.end(), b.begin(), b.end());
         }
       sn.host.push_back(std::move(rows));
     }
-  for (std::size_t s = 0; s < H::sources; ++s) {
+  for (std::size_t s = 0; s < Hier::sources; ++s) {
     sn.plan.push_back(h.last_plan(s).size());
-    for (std::size_t l = 0; l < layout::sources[s].payload_layers; ++l) {
+    for (std::size_t l = 0; l < L::sources[s].payload_layers; ++l) {
       std::vector<std::byte> p;
       for (std::size_t loc = 0; loc < h.space().rows(); ++loc) {
         const auto b = h.payload(s, l, static_cast<location>(loc));
@@ -249,7 +252,7 @@ TEST_CASE("speculative calls reject bad input with typed errors and no state cha
   }
 }
 
-TEST_CASE("speculative calls need max_block >= 2 and m = 1 sources") {
+TEST_CASE("speculative calls need max_block >= 2") {
   SECTION("max_block = 1 (the default) keeps the tail ring as it is and refuses blocks") {
     H h(hierarchy_config{.max_requests = 1, .max_rows = 32});
     REQUIRE(h.space().tail_rows == h.config().tail_rows);
@@ -269,25 +272,87 @@ TEST_CASE("speculative calls need max_block >= 2 and m = 1 sources") {
     REQUIRE(sp.staging(0, 0) == static_cast<location>(3 * (16 + sp.tail_rows) + 2 * layout::page_rows));
     REQUIRE(sp.rows() == 3 * (16 + sp.tail_rows) + 2 * layout::page_rows + 3 * 4 * layout::top_k);
   }
-  SECTION("packed rows (m > 1) are not supported yet") {
-    host_hierarchy<packed_layout, lru_hot_cache<8>> h(hierarchy_config{.max_requests = 1, .max_rows = 32, .max_block = 2});
-    REQUIRE(h.admit(1).admitted);
-    std::vector<std::byte> buf(32);
-    REQUIRE_THROWS_AS(h.stage_block(1, 0, buf, 1), packed_rows_unsupported);
-    std::vector<row_index> q{0};
-    std::vector<location> l(1);
-    const std::array<std::span<const row_index>, 1> qs{q};
-    const std::array<std::span<location>, 1> ls{l};
-    REQUIRE_THROWS_AS(h.verify(1, 0, qs, ls), packed_rows_unsupported);
-    REQUIRE_THROWS_AS(h.commit(1, 0, 0), packed_rows_unsupported);
-    REQUIRE(h.frontier(1, 0) == 0);
+}
+
+TEST_CASE("packed sources (m = 2): bad rounds throw typed errors and leave the state unchanged") {
+  using P = host_hierarchy<packed_layout, lru_hot_cache<8>>;
+  P h(hierarchy_config{.max_requests = 1, .max_rows = 16, .max_block = 3});
+  const std::array<request_id, 1> ids{1};
+  REQUIRE(h.admit(1).admitted);
+  const auto rows = [](std::int64_t first, std::size_t count) {
+    return dhisparse_testing::make_append_buffer(9, 0, 1, 32, first, count);
+  };
+  h.append(1, 0, rows(0, 5), 5);  // rows 0..4: positions 0..9
+  REQUIRE(h.positions(1, 0) == 10);
+  REQUIRE(h.block_rows(1, 0, 1) == 1);
+  REQUIRE(h.block_rows(1, 0, 2) == 1);
+  REQUIRE(h.block_rows(1, 0, 3) == 2);
+  // a block of 3 positions (10, 11, 12) touches rows 5 and 6: exactly two rows of bytes
+  const auto before_stage = take(h, ids);
+  REQUIRE_THROWS_AS(h.stage_block(1, 0, rows(5, 3), 3), size_mismatch);
+  REQUIRE_THROWS_AS(h.stage_block(1, 0, rows(5, 1), 3), size_mismatch);
+  REQUIRE_THROWS_AS(h.stage_block(1, 0, rows(5, 2), 4), block_too_wide);
+  REQUIRE(take(h, ids) == before_stage);
+  h.stage_block(1, 0, rows(5, 2), 3);
+  REQUIRE(h.staged_rows(1, 0) == 3);
+  {
+    // row 5 (positions 10, 11) is complete for query 1 (position 11), not for query 0 (position 10)
+    const auto before = take(h, ids);
+    round_input bad0{{5}, {5}};
+    REQUIRE_THROWS_AS(h.verify(1, 0, bad0.qs, bad0.ls), position_not_visible);
+    round_input bad1{{4}, {4, 6}};  // row 6 packs positions 12 and 13: never complete in this block
+    REQUIRE_THROWS_AS(h.verify(1, 0, bad1.qs, bad1.ls), position_not_visible);
+    round_input bad2{{4}, {4}, {6}};
+    REQUIRE_THROWS_AS(h.verify(1, 0, bad2.qs, bad2.ls), position_not_visible);
+    REQUIRE_THROWS_AS(h.commit(1, 0, 0), commit_without_verify);
+    REQUIRE(take(h, ids) == before);
   }
+  round_input ok{{4, 0}, {5, 4}, {5}};
+  h.verify(1, 0, ok.qs, ok.ls);
+  REQUIRE(ok.l[1][0] == h.space().tail(0, 5));
+  {
+    const auto before = take(h, ids);
+    REQUIRE_THROWS_AS(h.commit(1, 0, 3), acceptance_beyond_block);
+    REQUIRE(take(h, ids) == before);
+  }
+  h.commit(1, 0, 0);  // position 10 committed: row 5 is half filled and stays in the tail
+  REQUIRE(h.frontier(1, 0) == 5);
+  REQUIRE(h.positions(1, 0) == 11);
+  REQUIRE(h.free_host_pages(0) == h.config().host_pages - 2);  // rows 0..4: two 4-row pages, no new one
+  // next round starts at position 11 with the boundary row 5: 2 positions still touch only row 5
+  REQUIRE(h.block_rows(1, 0, 2) == 2);
+  REQUIRE(h.block_rows(1, 0, 1) == 1);
+  h.stage_block(1, 0, rows(5, 1), 1);
+  round_input anchor{{5}};  // query 0 sits at position 11: row 5 is complete for it
+  h.verify(1, 0, anchor.qs, anchor.ls);
+  REQUIRE(anchor.l[0][0] == h.space().tail(0, 5));
+  h.commit(1, 0, 0);  // position 11 completes row 5: it joins the history
+  REQUIRE(h.frontier(1, 0) == 6);
+  REQUIRE(h.positions(1, 0) == 12);
+  REQUIRE(dhisparse_testing::row_matches(h.host_row(1, 0, 0, 5), 9, 0, 0, 5));
+  // capacity: 16 rows hold 32 positions; at position 30 a block of 3 would reach position 32
+  h.append(1, 0, rows(6, 9), 9);
+  REQUIRE(h.positions(1, 0) == 30);
+  const auto before_cap = take(h, ids);
+  REQUIRE_THROWS_AS(h.stage_block(1, 0, rows(15, 2), 3), capacity_exceeded);
+  REQUIRE(take(h, ids) == before_cap);
+  h.stage_block(1, 0, rows(15, 1), 2);
+  // append over a partially filled boundary row: the appended complete row covers it
+  round_input last{{15}, {15}};
+  REQUIRE_THROWS_AS(h.verify(1, 0, last.qs, last.ls), position_not_visible);
+  round_input last_ok{{14}, {15}};
+  h.verify(1, 0, last_ok.qs, last_ok.ls);
+  h.commit(1, 0, 0);
+  REQUIRE(h.positions(1, 0) == 31);
+  h.append(1, 0, rows(15, 1), 1);
+  REQUIRE(h.positions(1, 0) == 32);
+  REQUIRE(h.frontier(1, 0) == 16);
 }
 
 TEST_CASE("errc values of speculative verification are appended after the existing ones") {
   REQUIRE(static_cast<int>(errc::device_error) == 12);
   REQUIRE(static_cast<int>(errc::block_too_wide) == 13);
-  REQUIRE(static_cast<int>(errc::packed_rows_unsupported) == 18);
+  REQUIRE(static_cast<int>(errc::packed_rows_unsupported) == 18);  // kept: part of the CUDA status encoding
   REQUIRE(std::string(to_string(errc::position_not_visible)) == "position_not_visible");
   REQUIRE_THROWS_AS(throw_error(errc::acceptance_beyond_block, "x"), acceptance_beyond_block);
   REQUIRE_THROWS_AS(throw_error(errc::commit_without_verify, "x"), commit_without_verify);

@@ -11,6 +11,12 @@
 // and the location of every union row are also compared with a small independent model of the
 // rule (hits protected; misses ascending take the first non-hit ways of the LRU order; the rest
 // overflow into staging in order; order becomes [kept, hits, victims]).
+//
+// The same runs cover packed sources (m = 2 and m = 4 positions per stored row): the block is
+// counted in positions, staged as the rows it touches (the boundary row first), a query may select
+// a block row only once every position of that row is at or before its own, and a commit adds to
+// the host store exactly the rows the accepted prefix completes; a partially filled boundary row
+// stays in the tail.
 #include "../support/catch.hpp"
 
 #include <dhisparse/host/hierarchy.hpp>
@@ -47,9 +53,27 @@ constexpr std::size_t kRounds = DHISPARSE_SPECULATIVE_ROUNDS;
 
 using layout = layouts::tiny;  // source 0: 2 payload layers (producer + follower), source 1: 1 layer
 
+/// Like tiny, but source 0 packs 2 positions per stored row and source 1 packs 4 (DeepSeek V4.1
+/// Flash's compressed sources have m = 4).
+struct packed_tiny {
+  static constexpr std::size_t top_k = 16;
+  static constexpr std::size_t page_rows = 8;
+  static constexpr std::array<source_desc, 2> sources{{
+      {64, 2, 2, 32},
+      {32, 4, 1, 32},
+  }};
+  static constexpr std::array<consumer_desc, 3> consumers{{
+      {0, consumer_kind::reindex, 0},
+      {0, consumer_kind::follower, 1},
+      {1, consumer_kind::reindex, 0},
+  }};
+};
+static_assert(valid_layout<packed_tiny>);
+
 /// Bytes of `count` rows starting at `first`, `[layer][count][row_bytes]`, each row with its own tag.
+template <class L = layout>
 std::vector<std::byte> make_rows(std::span<const std::uint64_t> tags, std::size_t s, std::int64_t first) {
-  const auto& d = layout::sources[s];
+  const auto& d = L::sources[s];
   const std::size_t count = tags.size();
   std::vector<std::byte> buf(d.payload_layers * count * d.row_bytes);
   for (std::size_t l = 0; l < d.payload_layers; ++l)
@@ -62,14 +86,15 @@ std::vector<std::byte> make_rows(std::span<const std::uint64_t> tags, std::size_
 struct totals {
   std::size_t rounds = 0, entries = 0, block = 0, hot = 0, host = 0, staged = 0, staging_rows = 0;
   std::size_t commits = 0, abandoned = 0, restaged = 0, producer_only = 0, readmissions = 0, optional = 0;
+  std::size_t no_row_completed = 0, partial_left = 0;  // packed sources: commits completing no row / leaving a partial row
 };
 
-template <std::size_t B>
+template <std::size_t B, class L = layout>
 class speculative_run {
  public:
-  using H = host_hierarchy<layout, lru_hot_cache<B>>;
+  using H = host_hierarchy<L, lru_hot_cache<B>>;
   static constexpr std::size_t S = H::sources;
-  static constexpr std::size_t K = layout::top_k;
+  static constexpr std::size_t K = L::top_k;
 
   speculative_run(const hierarchy_config& cfg, std::uint64_t seed) : h_(cfg), rng_(seed) {
     kmax_ = h_.config().max_block;
@@ -86,8 +111,19 @@ class speculative_run {
   struct request_state {
     std::uint64_t id = 0;
     std::array<std::vector<std::uint64_t>, S> tags;  // content tag of every committed row
-    std::array<std::vector<std::uint64_t>, S> block;  // tags of the staged block rows
+    std::array<std::vector<std::uint64_t>, S> block;  // tags of the staged block rows (boundary row first)
+    std::array<std::size_t, S> block_positions{};     // positions of the staged block, 0 if none
+    std::array<std::size_t, S> partial{};             // committed positions of the boundary row (< m)
   };
+  static std::int64_t m_of(std::size_t s) { return static_cast<std::int64_t>(L::sources[s].positions_per_row); }
+  /// Committed positions n of a request/source.
+  std::int64_t positions(const request_state& rq, std::size_t s) const {
+    return frontier(rq, s) * m_of(s) + static_cast<std::int64_t>(rq.partial[s]);
+  }
+  /// End of the rows query j of the current round may select: rows whose m positions are all <= n + j.
+  std::int64_t visible_end(const request_state& rq, std::size_t s, std::size_t j) const {
+    return (positions(rq, s) + static_cast<std::int64_t>(j) + 1) / m_of(s);
+  }
 
   void admit() {
     request_state rq;
@@ -96,7 +132,7 @@ class speculative_run {
     for (std::size_t s = 0; s < S; ++s) {  // a prompt
       const std::size_t n = 1 + rng_.below(h_.config().max_rows / 4);
       std::vector<std::uint64_t> tags(n, rng_.next());
-      h_.append(rq.id, s, make_rows(tags, s, 0), n);
+      h_.append(rq.id, s, make_rows<L>(tags, s, 0), n);
       rq.tags[s] = tags;
     }
     reqs_.push_back(std::move(rq));
@@ -117,15 +153,18 @@ class speculative_run {
     if (rng_.chance(1, 20)) {  // a plain decode step now and then
       auto& rq = reqs_[rng_.below(reqs_.size())];
       std::vector<std::uint64_t> tags{rng_.next()};
-      h_.append(rq.id, s, make_rows(tags, s, frontier(rq, s)), 1);
+      h_.append(rq.id, s, make_rows<L>(tags, s, frontier(rq, s)), 1);
       rq.tags[s].push_back(tags[0]);
       rq.block[s].clear();  // append supersedes a staged block
+      rq.block_positions[s] = 0;
+      rq.partial[s] = 0;    // and its complete row covers a partially filled boundary row
       REQUIRE(h_.staged_rows(rq.id, s) == 0);
+      REQUIRE(h_.positions(rq.id, s) == positions(rq, s));
       return;
     }
     if (rng_.chance(1, 30)) {  // optional history comes and goes
       auto& rq = reqs_[rng_.below(reqs_.size())];
-      const std::size_t pages = rq.tags[s].size() / layout::page_rows;
+      const std::size_t pages = rq.tags[s].size() / L::page_rows;
       if (pages > 0) {
         const std::size_t p = rng_.below(pages);
         if (rng_.chance(1, 2)) t_.optional += h_.map_optional_page(rq.id, s, p) ? 1 : 0;
@@ -142,10 +181,13 @@ class speculative_run {
 
   void stage(request_state& rq, std::size_t s) {
     const std::size_t c = 1 + rng_.below(kmax_);
-    std::vector<std::uint64_t> tags(c);
+    const std::size_t rows = (rq.partial[s] + c - 1) / static_cast<std::size_t>(m_of(s)) + 1;  // boundary row first
+    REQUIRE(h_.block_rows(rq.id, s, c) == rows);
+    std::vector<std::uint64_t> tags(rows);
     for (auto& t : tags) t = rng_.next();
-    h_.stage_block(rq.id, s, make_rows(tags, s, frontier(rq, s)), c);
+    h_.stage_block(rq.id, s, make_rows<L>(tags, s, frontier(rq, s)), c);
     rq.block[s] = tags;
+    rq.block_positions[s] = c;
     REQUIRE(h_.staged_rows(rq.id, s) == c);
   }
 
@@ -161,7 +203,9 @@ class speculative_run {
       const std::size_t kind = rng_.below(100);
       row_index e = no_row;
       if (kind < 8) e = no_row;
-      else if (kind < 20) e = static_cast<row_index>(f + static_cast<std::int64_t>(rng_.below(j + 1)));  // block
+      else if (kind < 20 && visible_end(rq, s, j) > f)  // a block row complete at this query's position
+        e = static_cast<row_index>(f + static_cast<std::int64_t>(rng_.below(static_cast<std::size_t>(visible_end(rq, s, j) - f))));
+      else if (kind < 20) e = static_cast<row_index>(rng_.below(static_cast<std::size_t>(f)));
       else if (kind < 32) e = static_cast<row_index>(std::max<std::int64_t>(0, f - 1 - static_cast<std::int64_t>(rng_.below(static_cast<std::size_t>(T_)))));
       else if (kind < 55) {  // a hot-cache row (or an old row if the way is empty)
         const row_index r = hot[rng_.below(hot.size())];
@@ -175,10 +219,10 @@ class speculative_run {
   }
 
   void round(std::size_t s) {
-    const auto& d = layout::sources[s];
+    const auto& d = L::sources[s];
     // every request stages (sometimes twice: the first block is replaced) and joins the batch
     for (auto& rq : reqs_) {
-      if (rq.block[s].empty() || rng_.chance(1, 3)) stage(rq, s);
+      if (rq.block_positions[s] == 0 || rng_.chance(1, 3)) stage(rq, s);
       if (rng_.chance(1, 10)) {
         stage(rq, s);
         ++t_.restaged;
@@ -198,7 +242,7 @@ class speculative_run {
     for (std::size_t b = 0; b < reqs_.size(); ++b) {
       auto& rq = reqs_[b];
       const std::int64_t f = frontier(rq, s);
-      const std::size_t kr = 1 + rng_.below(rq.block[s].size());
+      const std::size_t kr = 1 + rng_.below(rq.block_positions[s]);
       std::vector<row_index> earlier;
       for (std::size_t j = 0; j < kr; ++j) {
         queries[b].push_back(make_query(rq, s, j, earlier));
@@ -211,7 +255,7 @@ class speculative_run {
       std::size_t hits = 0;
       for (const auto& q : queries[b])
         for (row_index e : q) {
-          if (e == no_row || e >= f - T_ || opt[static_cast<std::size_t>(e) / layout::page_rows] >= 0) continue;
+          if (e == no_row || e >= f - T_ || opt[static_cast<std::size_t>(e) / L::page_rows] >= 0) continue;
           union_rows[b].insert(e);
         }
       for (row_index e : union_rows[b]) {
@@ -283,7 +327,7 @@ class speculative_run {
             REQUIRE(loc == no_location);
             continue;
           }
-          REQUIRE(e <= f + static_cast<std::int64_t>(j));  // generator sanity: never an invisible row
+          REQUIRE(e < visible_end(rq, s, j));  // generator sanity: never an invisible row
           ++t_.entries;
           const std::uint64_t tag = e >= f ? rq.block[s][static_cast<std::size_t>(e - f)]
                                            : rq.tags[s][static_cast<std::size_t>(e)];
@@ -340,13 +384,25 @@ class speculative_run {
       const std::int64_t f = frontier(rq, s);
       const std::size_t kr = queries[b].size();
       const std::size_t a = rng_.below(kr);
+      const std::size_t free_before = h_.free_host_pages(s);
       h_.commit(rq.id, s, a);
       ++t_.commits;
-      for (std::size_t i = 0; i <= a; ++i) rq.tags[s].push_back(rq.block[s][i]);
+      // exactly the rows the accepted prefix completes join the history; the boundary stays partial
+      const std::int64_t n_next = positions(rq, s) + static_cast<std::int64_t>(a) + 1;
+      const std::int64_t completed = n_next / m_of(s) - f;
+      for (std::int64_t i = 0; i < completed; ++i) rq.tags[s].push_back(rq.block[s][static_cast<std::size_t>(i)]);
+      rq.partial[s] = static_cast<std::size_t>(n_next % m_of(s));
+      if (completed == 0) ++t_.no_row_completed;
+      if (rq.partial[s] != 0) ++t_.partial_left;
       rq.block[s].clear();
-      REQUIRE(h_.frontier(rq.id, s) == f + static_cast<std::int64_t>(a) + 1);
+      rq.block_positions[s] = 0;
+      REQUIRE(h_.frontier(rq.id, s) == f + completed);
+      REQUIRE(h_.positions(rq.id, s) == n_next);
       REQUIRE(h_.staged_rows(rq.id, s) == 0);
-      for (std::int64_t r = f; r <= f + static_cast<std::int64_t>(a); ++r)
+      REQUIRE(free_before - h_.free_host_pages(s) ==
+              (static_cast<std::size_t>(f + completed) + L::page_rows - 1) / L::page_rows -
+                  (static_cast<std::size_t>(f) + L::page_rows - 1) / L::page_rows);
+      for (std::int64_t r = f; r < f + completed; ++r)
         for (std::size_t l = 0; l < layers; ++l)
           REQUIRE(row_matches(h_.host_row(rq.id, s, l, r), rq.tags[s][static_cast<std::size_t>(r)], s, l, r));
     }
@@ -385,6 +441,151 @@ TEST_CASE("speculative rounds: exact bytes, visibility, one copy per missing row
     CHECK(t.rounds >= kRounds / 2);
     CHECK(t.block > 0);
   }
+}
+
+TEST_CASE("speculative rounds on packed sources (m = 2 and m = 4): rows join the history only when complete") {
+  SECTION("K_max 4, B = top_k = 16") {
+    speculative_run<16, packed_tiny> run(
+        hierarchy_config{.max_requests = 3, .max_rows = 512, .optional_pages = 6, .max_block = 4}, 0xFACADEull);
+    const totals t = run.run(kRounds / 2);
+    CAPTURE(t.rounds, t.entries, t.block, t.hot, t.host, t.staged, t.staging_rows, t.commits, t.abandoned,
+            t.restaged, t.producer_only, t.readmissions, t.optional, t.no_row_completed, t.partial_left);
+    CHECK(t.rounds >= kRounds / 2);
+    CHECK(t.staging_rows > 0);
+    CHECK(t.block > 0);
+    CHECK(t.abandoned > 0);
+    CHECK(t.readmissions > 0);
+    CHECK(t.no_row_completed > 0);
+    CHECK(t.partial_left > 0);
+  }
+  SECTION("K_max 7 (blocks spanning several rows), B 64, tail of 12 rows") {
+    speculative_run<64, packed_tiny> run(
+        hierarchy_config{.max_requests = 2, .max_rows = 400, .tail_rows = 12, .optional_pages = 4, .max_block = 7},
+        0xD15EA5Eull);
+    const totals t = run.run(kRounds / 2);
+    CAPTURE(t.rounds, t.entries, t.block, t.hot, t.host, t.staged, t.staging_rows, t.commits, t.abandoned,
+            t.no_row_completed, t.partial_left);
+    CHECK(t.rounds >= kRounds / 2);
+    CHECK(t.block > 0);
+    CHECK(t.partial_left > 0);
+  }
+}
+
+TEST_CASE("packed sources: speculative decode and plain decode of the same accepted tokens end identical") {
+  // Each stored row's bytes are a function of the tokens at its m positions (a stand-in for the
+  // compressor). Plain decoding appends a row whenever its m positions are decoded; speculative
+  // decoding stages the rows a block touches (a partially filled row from what is known so far,
+  // proposals included) and commits a random acceptance. The committed histories must match bit
+  // for bit, and so must the committed tails.
+  using L = packed_tiny;
+  using H = host_hierarchy<L, lru_hot_cache<32>>;
+  constexpr std::size_t kmax = 7;
+  constexpr std::size_t max_rows = 300;
+  H spec(hierarchy_config{.max_requests = 2, .max_rows = max_rows, .optional_pages = 2, .max_block = kmax});
+  H plain(hierarchy_config{.max_requests = 2, .max_rows = max_rows, .optional_pages = 2});
+  test_rng rng(11);
+  const std::array<request_id, 2> ids{21, 22};
+  std::map<std::pair<request_id, std::size_t>, std::vector<std::uint64_t>> tokens;  // committed tokens
+  // tag of the row holding positions [r*m, r*m + m) restricted to the tokens known so far
+  const auto row_tag = [](std::span<const std::uint64_t> toks, std::int64_t r, std::int64_t m) {
+    std::uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (std::int64_t p = r * m; p < std::min<std::int64_t>((r + 1) * m, static_cast<std::int64_t>(toks.size())); ++p)
+      h = dhisparse_testing::splitmix64(h ^ toks[static_cast<std::size_t>(p)]);
+    return h;
+  };
+  for (request_id id : ids) {
+    REQUIRE(spec.admit(id).admitted);
+    REQUIRE(plain.admit(id).admitted);
+    for (std::size_t s = 0; s < H::sources; ++s) {
+      const auto m = static_cast<std::int64_t>(L::sources[s].positions_per_row);
+      auto& toks = tokens[{id, s}];
+      for (std::size_t p = 0; p < 37 * static_cast<std::size_t>(m); ++p) toks.push_back(rng.next());
+      std::vector<std::uint64_t> tags;
+      for (std::int64_t r = 0; r < 37; ++r) tags.push_back(row_tag(toks, r, m));
+      const auto buf = make_rows<L>(tags, s, 0);
+      spec.append(id, s, buf, tags.size());
+      plain.append(id, s, buf, tags.size());
+    }
+  }
+  std::size_t rounds = 0, partial_commits = 0;
+  bool room = true;
+  while (room && rounds < 3000) {
+    ++rounds;
+    for (request_id id : ids)
+      for (std::size_t s = 0; s < H::sources; ++s) {
+        const auto m = static_cast<std::int64_t>(L::sources[s].positions_per_row);
+        const std::int64_t f = spec.frontier(id, s);
+        const std::int64_t n = spec.positions(id, s);
+        if (f + static_cast<std::int64_t>(kmax) + 1 >= static_cast<std::int64_t>(max_rows)) {
+          room = false;
+          continue;
+        }
+        auto& toks = tokens[{id, s}];
+        REQUIRE(n == static_cast<std::int64_t>(toks.size()));
+        const std::size_t kr = 1 + rng.below(kmax);
+        std::vector<std::uint64_t> all = toks;  // committed tokens, then the block's
+        for (std::size_t i = 0; i < kr; ++i) all.push_back(rng.next());
+        std::vector<std::uint64_t> tags;
+        for (std::int64_t r = f; r <= (n + static_cast<std::int64_t>(kr) - 1) / m; ++r) tags.push_back(row_tag(all, r, m));
+        spec.stage_block(id, s, make_rows<L>(tags, s, f), kr);
+        // queries: old rows, tail rows and the block rows complete at the query's position
+        std::vector<std::vector<row_index>> q(kr);
+        std::vector<std::vector<location>> l(kr);
+        std::vector<std::span<const row_index>> qs;
+        std::vector<std::span<location>> ls;
+        for (std::size_t j = 0; j < kr; ++j) {
+          const std::int64_t vis = (n + static_cast<std::int64_t>(j) + 1) / m;
+          for (std::size_t i = 0; i < L::top_k; ++i)
+            q[j].push_back(vis > f && rng.chance(1, 4)
+                               ? static_cast<row_index>(f + static_cast<std::int64_t>(rng.below(static_cast<std::size_t>(vis - f))))
+                               : static_cast<row_index>(rng.below(static_cast<std::size_t>(f))));
+          l[j].resize(q[j].size());
+          qs.emplace_back(q[j]);
+          ls.emplace_back(l[j]);
+        }
+        spec.verify(id, s, qs, ls);
+        for (std::size_t j = 0; j < kr; ++j)
+          for (std::size_t i = 0; i < q[j].size(); ++i) {
+            const row_index e = q[j][i];
+            const std::uint64_t want = e >= f ? tags[static_cast<std::size_t>(e - f)] : row_tag(toks, e, m);
+            for (std::size_t lyr = 0; lyr < L::sources[s].payload_layers; ++lyr)
+              REQUIRE(dhisparse_testing::row_matches(spec.payload(s, lyr, l[j][i]), want, s, lyr, e));
+          }
+        const std::size_t a = rng.below(kr);
+        spec.commit(id, s, a);
+        for (std::size_t i = 0; i <= a; ++i) {  // plain decode: one token at a time, a row when complete
+          toks.push_back(all[static_cast<std::size_t>(n) + i]);
+          if (toks.size() % static_cast<std::size_t>(m) == 0) {
+            const std::int64_t r = static_cast<std::int64_t>(toks.size()) / m - 1;
+            const std::uint64_t t = row_tag(toks, r, m);
+            plain.append(id, s, make_rows<L>(std::span<const std::uint64_t>(&t, 1), s, r), 1);
+          }
+        }
+        partial_commits += toks.size() % static_cast<std::size_t>(m) != 0 ? 1 : 0;
+        REQUIRE(spec.frontier(id, s) == plain.frontier(id, s));
+        REQUIRE(spec.positions(id, s) == static_cast<std::int64_t>(toks.size()));
+      }
+  }
+  CAPTURE(rounds, partial_commits);
+  REQUIRE(rounds > 50);
+  REQUIRE(partial_commits > 0);
+  for (request_id id : ids)
+    for (std::size_t s = 0; s < H::sources; ++s) {
+      REQUIRE(spec.frontier(id, s) == plain.frontier(id, s));
+      for (std::int64_t r = 0; r < spec.frontier(id, s); ++r)
+        for (std::size_t lyr = 0; lyr < L::sources[s].payload_layers; ++lyr) {
+          const auto a = spec.host_row(id, s, lyr, r);
+          const auto b = plain.host_row(id, s, lyr, r);
+          REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+        }
+      const auto T = static_cast<std::int64_t>(spec.config().tail_rows);
+      for (std::int64_t r = spec.frontier(id, s) - T; r < spec.frontier(id, s); ++r)
+        for (std::size_t lyr = 0; lyr < L::sources[s].payload_layers; ++lyr) {
+          const auto a = spec.payload(s, lyr, spec.space().tail(spec.slot_of(id), r));
+          const auto b = plain.payload(s, lyr, plain.space().tail(plain.slot_of(id), r));
+          REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+        }
+    }
 }
 
 TEST_CASE("speculative decode and plain decode of the same accepted tokens end with identical histories") {

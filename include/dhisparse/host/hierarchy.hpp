@@ -18,6 +18,10 @@
 /// committed window, `verify` resolves K_r queries of one round against one retrieval union (hot
 /// cache first, overflow into per-slot staging), `commit` publishes the anchor and the accepted
 /// proposals into the host store and moves the frontier. With K_max = 1 nothing changes.
+/// Packed sources (m = positions_per_row > 1) count the block in token positions: a stored row
+/// joins the history only once its m positions are committed, the partially filled boundary row
+/// stays in the tail ring, and a query may select a row only once all of its positions are visible
+/// to that query (docs/speculative.md, "Packed rows").
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -115,9 +119,19 @@ class host_hierarchy {
     return src_[source].books.slot(registry_.slot(id)).frontier;
   }
 
+  /// Committed token positions n of a request's history for a source: frontier · m plus the
+  /// positions of the partially filled boundary row that speculative commits left in the tail
+  /// (always frontier for m = 1).
+  [[nodiscard]] std::int64_t positions(request_id id, std::size_t source) const {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    return committed_positions(source, slot);
+  }
+
   /// Appends `count` complete rows to a request's history for one source. `rows` holds, for each
   /// payload layer of the source in order, `count` rows of `row_bytes` each. The rows enter the
-  /// host store (their recovery copy) and the tail.
+  /// host store (their recovery copy) and the tail. On a packed source the first appended row is the
+  /// boundary row, so positions a speculative commit left partially filled are covered by it.
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
@@ -130,6 +144,7 @@ class host_hierarchy {
                           std::to_string(count * d.payload_layers * d.row_bytes));
     const auto a = src.books.commit_append(slot, count);
     close_round(src.state[slot]);  // the history moved on: a staged block is superseded
+    src.state[slot].partial = 0;   // complete rows only: no boundary row is left partially filled
     for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - a.first_row)) * d.row_bytes;
@@ -169,35 +184,45 @@ class host_hierarchy {
     return total;
   }
 
-  /// Stages the target's KV of a speculative block: positions frontier .. frontier+count-1 (the
-  /// anchor and count-1 proposals), laid out `[payload layer][count][row_bytes]` like `append`.
-  /// The rows enter the tail ring only (not the host store; the frontier stays). Replaces an
-  /// unverified or uncommitted previous block of the request/source. 1 <= count <= max_block.
+  /// Stages the target's KV of a speculative block: token positions n .. n+count-1 (the anchor and
+  /// count-1 proposals, n = `positions()`). The block covers stored rows frontier ..
+  /// frontier+block_rows(id, source, count)-1 (for m = 1: one row per position), laid out
+  /// `[payload layer][rows][row_bytes]` like `append`; on a packed source the first row is the
+  /// boundary row, re-supplied whole (its committed positions plus the block's). The rows enter the
+  /// tail ring only (not the host store; the frontier stays). Replaces an unverified or uncommitted
+  /// previous block of the request/source. 1 <= count <= max_block.
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
     auto& src = src_[source];
     const std::int64_t f = src.books.slot(slot).frontier;
+    const std::int64_t n = committed_positions(source, slot);
+    const auto m = static_cast<std::int64_t>(d.positions_per_row);
     if (count == 0)
       throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                           " with no rows (a block holds at least the anchor)");
     if (count > cfg_.max_block)
       throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                            " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
-    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - f))
+    // the last position must land in a row below the capacity: n + count <= max_rows * m
+    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) * m - n))
       throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                              ": positions " + std::to_string(f) + " .. " +
-                              std::to_string(f + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
-                              std::to_string(cfg_.max_rows) + " rows");
-    if (rows.size() != count * d.payload_layers * d.row_bytes)
+                              ": positions " + std::to_string(n) + " .. " +
+                              std::to_string(n + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
+                              std::to_string(cfg_.max_rows) + " rows of " + std::to_string(m) + " positions");
+    const std::size_t nrows = rows_of_block(source, slot, count);
+    if (rows.size() != nrows * d.payload_layers * d.row_bytes)
       throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                           " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
-                          " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
-    for (std::size_t i = 0; i < count; ++i)
+                          " positions in " + std::to_string(nrows) + " rows, expected " +
+                          std::to_string(nrows * d.payload_layers * d.row_bytes));
+    // The committed window (rows >= f - T) and the block rows f .. f+nrows-1 (nrows <= count <=
+    // K_max) span at most T + K_max consecutive rows: they never share a ring row.
+    for (std::size_t i = 0; i < nrows; ++i)
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         std::memcpy(pool_row(source, l, space_.tail(slot, f + static_cast<std::int64_t>(i))),
-                    rows.data() + (l * count + i) * d.row_bytes, d.row_bytes);
+                    rows.data() + (l * nrows + i) * d.row_bytes, d.row_bytes);
     auto& st = src.state[slot];
     st.staged = count;
     st.verified = 0;
@@ -229,9 +254,11 @@ class host_hierarchy {
     return verify(source, std::span<const verify_item>(&item, 1), mode);
   }
 
-  /// Commits a verified round: the anchor and `accepted` proposals (positions frontier ..
-  /// frontier+accepted) enter the host store from the tail ring and the frontier moves by
-  /// accepted+1; the rest of the block is discarded. 0 <= accepted <= K_r - 1 of the last verify.
+  /// Commits a verified round: the anchor and `accepted` proposals (positions n .. n+accepted)
+  /// become committed, n' = n + accepted + 1. The rows they complete (for m = 1: one per position)
+  /// enter the host store from the tail ring and the frontier moves to n' / m; a partially filled
+  /// boundary row stays in the tail ring only; the rest of the block is discarded.
+  /// 0 <= accepted <= K_r - 1 of the last verify.
   void commit(request_id id, std::size_t source, std::size_t accepted) {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
@@ -245,16 +272,28 @@ class host_hierarchy {
       throw acceptance_beyond_block("commit of request " + std::to_string(id) + " on source " +
                                     std::to_string(source) + " accepts " + std::to_string(accepted) +
                                     " proposals, the verified round had " + std::to_string(st.verified - 1));
-    src.books.check_append(id, source, slot, accepted + 1);
-    const auto a = src.books.commit_append(slot, accepted + 1);
+    const auto m = static_cast<std::int64_t>(d.positions_per_row);
+    const std::int64_t n_next = committed_positions(source, slot) + static_cast<std::int64_t>(accepted) + 1;
+    const std::int64_t f = src.books.slot(slot).frontier;
+    const auto completed = static_cast<std::size_t>(n_next / m - f);  // 0 while the boundary row stays partial
+    src.books.check_append(id, source, slot, completed);
+    const auto a = src.books.commit_append(slot, completed);
     for (std::int64_t r = a.first_row; r < a.last_row; ++r)
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(),
                     pool_row(source, l, space_.tail(slot, r)), d.row_bytes);
+    st.partial = static_cast<std::size_t>(n_next % m);
     close_round(st);
   }
 
-  /// Rows of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
+  /// Stored rows a block of `count` positions covers on a request/source (the boundary row and the
+  /// rows it starts): what `stage_block` expects. For m = 1 this is `count`.
+  [[nodiscard]] std::size_t block_rows(request_id id, std::size_t source, std::size_t count) const {
+    check_source(source);
+    return rows_of_block(source, registry_.slot(id), count);
+  }
+
+  /// Positions of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
   [[nodiscard]] std::size_t staged_rows(request_id id, std::size_t source) const {
     check_source(source);
     return src_[source].state[registry_.slot(id)].staged;
@@ -363,7 +402,8 @@ class host_hierarchy {
   struct slot_state {
     std::vector<row_index> hot_row;          // B: row held by each hot slot, -1 if empty
     std::vector<order_index> order;          // B: slots, least recently used first
-    std::size_t staged = 0;                  // rows of the staged speculative block, 0 if none
+    std::size_t staged = 0;                  // positions of the staged speculative block, 0 if none
+    std::size_t partial = 0;                 // committed positions of the boundary row (< m; 0 for m = 1)
     std::size_t verified = 0;                // K_r of the last verify since staging, 0 if none
   };
   struct source_data {
@@ -391,7 +431,18 @@ class host_hierarchy {
     st.hot_row.assign(hot_rows, no_row);
     st.order.resize(hot_rows);
     for (std::size_t i = 0; i < hot_rows; ++i) st.order[i] = static_cast<order_index>(i);
+    st.partial = 0;
     close_round(st);
+  }
+  [[nodiscard]] std::int64_t committed_positions(std::size_t source, std::size_t slot) const {
+    return src_[source].books.slot(slot).frontier * static_cast<std::int64_t>(Layout::sources[source].positions_per_row) +
+           static_cast<std::int64_t>(src_[source].state[slot].partial);
+  }
+  /// Rows touched by positions n .. n+count-1 when n = frontier·m + partial: rows frontier ..
+  /// (n+count-1)/m. count >= 1.
+  [[nodiscard]] std::size_t rows_of_block(std::size_t source, std::size_t slot, std::size_t count) const {
+    const std::size_t m = Layout::sources[source].positions_per_row;
+    return count == 0 ? 0 : (src_[source].state[slot].partial + count - 1) / m + 1;
   }
   static void close_round(slot_state& st) {
     st.staged = 0;
@@ -399,10 +450,6 @@ class host_hierarchy {
   }
   void check_speculative(std::size_t source) const {
     check_source(source);
-    if (Layout::sources[source].positions_per_row != 1)
-      throw packed_rows_unsupported("source " + std::to_string(source) + " packs " +
-                                    std::to_string(Layout::sources[source].positions_per_row) +
-                                    " positions per row; speculative verification supports m = 1 sources only (not yet)");
     if (cfg_.max_block < 2)
       throw invalid_configuration("speculative calls need hierarchy_config::max_block >= 2 (the tail ring has no "
                                   "room for a block); with max_block = 1 use append and resolve");
@@ -411,7 +458,8 @@ class host_hierarchy {
   /// Throws the typed error for the first problem of one request's verify round.
   void validate_round(std::size_t source, std::size_t slot, const verify_item& item) const {
     const auto& st = src_[source].state[slot];
-    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    const std::int64_t n = committed_positions(source, slot);
+    const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
     const std::string who = "verify of request " + std::to_string(item.request) + " on source " + std::to_string(source);
     const std::size_t kr = item.queries.size();
     if (kr == 0) throw size_mismatch(who + " has no queries (K_r >= 1: the anchor)");
@@ -433,7 +481,9 @@ class host_hierarchy {
       if (q.size() > top_k)
         throw selection_too_long(who + ": query " + std::to_string(j) + " has " + std::to_string(q.size()) +
                                  " entries, top_k is " + std::to_string(top_k));
-      const std::int64_t visible_end = f + static_cast<std::int64_t>(j) + 1;  // query j sees rows < f + j + 1
+      // Query j (position n + j) sees a stored row only once every position it packs is <= n + j,
+      // i.e. rows < (n + j + 1) / m; for m = 1 that is every row through its own position.
+      const std::int64_t visible_end = (n + static_cast<std::int64_t>(j) + 1) / m;
       for (std::size_t i = 0; i < q.size(); ++i) {
         const row_index e = q[i];
         if (e == no_row) continue;
@@ -443,9 +493,9 @@ class host_hierarchy {
                                       ") and not -1");
         if (e >= visible_end)
           throw position_not_visible(who + ": query " + std::to_string(j) + " (position " +
-                                     std::to_string(f + static_cast<std::int64_t>(j)) + ") entry " +
+                                     std::to_string(n + static_cast<std::int64_t>(j)) + ") entry " +
                                      std::to_string(i) + " selects row " + std::to_string(e) +
-                                     ", which it cannot see");
+                                     (m > 1 ? ", which is not complete at that position" : ", which it cannot see"));
       }
     }
   }
