@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "../detail/draft_ring_books.hpp"
+#include "../detail/draft_ring_store_base.hpp"
 #include "buffers.cuh"
 #include "error.cuh"
 
@@ -37,31 +37,26 @@ template <DraftRingPolicy Ring>
 using draft_ring_ref = ::dhisparse::draft_ring_ref<Ring>;
 
 template <DraftRingPolicy Ring>
-class draft_ring_store {
- public:
-  using policy = Ring;
-  using ref_type = draft_ring_ref<Ring>;
-  static constexpr std::size_t rows_per_slot = Ring::rows_per_slot;
+class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring> {
+  using base = ::dhisparse::detail::draft_ring_store_base<Ring>;
+  using base::books_;
+  using base::cfg_;
+  using base::req_;
 
-  /// Device bytes a store of `cfg` allocates (`bytes`; nothing pinned, no metadata on the device).
-  /// Throws invalid_configuration on zero sizes or overflow.
-  [[nodiscard]] static draft_ring_requirements requirements(const draft_ring_config& cfg) {
-    return ::dhisparse::detail::draft_ring_sizing<Ring>(cfg);
-  }
+ public:
+  using typename base::ref_type;
+  using base::rows_per_slot;
 
   /// Allocates the ring and zeroes it on `stream` (synchronises `stream` before returning, like
   /// every constructor of the CUDA backend; the step path never does).
   explicit draft_ring_store(const draft_ring_config& cfg, cudaStream_t stream = nullptr)
-      : cfg_(cfg), req_(requirements(cfg)), bytes_(req_.bytes), books_(cfg.slots) {
+      : base(cfg), bytes_(req_.bytes) {
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes_.data(), 0, bytes_.bytes(), stream));
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
-  [[nodiscard]] const draft_ring_config& config() const { return cfg_; }
-  [[nodiscard]] const draft_ring_requirements& memory() const { return req_; }
   /// Device bytes actually allocated (equals requirements(cfg).bytes).
   [[nodiscard]] std::size_t allocated_bytes() const { return bytes_.bytes(); }
-  [[nodiscard]] std::size_t position_bytes() const { return cfg_.layers * cfg_.row_bytes; }
   /// Trivially copyable device view of all rows.
   [[nodiscard]] ref_type ref() const { return {bytes_.data(), cfg_.slots, cfg_.row_bytes, cfg_.layers}; }
 
@@ -94,53 +89,14 @@ class draft_ring_store {
     books_.note_write(slot, first, count);
     return cudaSuccess;
   }
-  /// Records positions [first, first + count) as written in place by the caller's kernels through
-  /// ref() (same rules as write).
-  void claim(std::size_t slot, std::uint64_t first, std::size_t count = 1) {
-    books_.check_write(slot, first, count);
-    books_.note_write(slot, first, count);
-  }
-
-  /// After verification: n' = n + accepted + 1, the rest of the block dropped (host books only).
-  void commit(std::size_t slot, std::size_t accepted) {
-    books_.check_commit(slot, accepted);
-    books_.note_commit(slot, accepted);
-  }
-  /// Drops the current block without committing anything.
-  void rollback(std::size_t slot) { books_.rollback(slot); }
-  /// Frees the slot for a new request (positions restart at 0; the bytes are left as they are).
-  void reset(std::size_t slot) { books_.reset(slot); }
-
-  [[nodiscard]] std::uint64_t committed(std::size_t slot) const { return books_.state(slot).committed; }
-  [[nodiscard]] std::uint64_t written(std::size_t slot) const { return books_.state(slot).written; }
-  /// Ring location of a live position; draft_position_not_live otherwise.
-  [[nodiscard]] std::size_t location(std::size_t slot, std::uint64_t position) const {
-    books_.check_live(slot, position);
-    return Ring::address(slot, position);
-  }
   /// Device address of a live position's row in one drafter layer.
   [[nodiscard]] const std::byte* row(std::size_t slot, std::uint64_t position, std::size_t layer = 0) const {
-    books_.check_live(slot, position);
-    if (layer >= cfg_.layers)
-      throw invalid_source("draft ring layer " + std::to_string(layer) + " out of range (" +
-                           std::to_string(cfg_.layers) + " layers)");
+    this->check_row(slot, position, layer);
     return ref().row(slot, position, layer);
-  }
-  /// Live positions of a slot and their ring locations in position order (host side; the drafter
-  /// uploads them or recomputes phi from the window in its kernel).
-  [[nodiscard]] draft_window window(std::size_t slot) const { return books_.window(slot); }
-  draft_window window_into(std::size_t slot, std::span<std::size_t> out) const { return books_.window_into(slot, out); }
-  [[nodiscard]] std::vector<std::size_t> window_locations(std::size_t slot) const {
-    std::vector<std::size_t> out(Ring::window + Ring::max_block);
-    out.resize(books_.window_into(slot, out).count);
-    return out;
   }
 
  private:
-  draft_ring_config cfg_;
-  draft_ring_requirements req_;
   device_buffer<std::byte> bytes_;
-  ::dhisparse::detail::draft_ring_books<Ring> books_;
 };
 
 }  // namespace dhisparse::cuda
