@@ -28,7 +28,7 @@ enum class errc {
   position_not_visible,      ///< a verification query selects a position it cannot see (a later block position)
   commit_without_verify,     ///< commit of a request/source with no verify since its last stage_block
   acceptance_beyond_block,   ///< commit accepts more proposals than the verified round had (accepted > K_r - 1)
-  packed_rows_unsupported,   ///< speculative calls on a source that packs several positions per row (m > 1)
+  packed_rows_unsupported,   ///< no longer thrown (packed sources are speculative); kept: part of the encoded CUDA status
   // Draft ring storage (appended, same reason).
   invalid_slot,              ///< a draft ring slot index at or past the store's slot count
   draft_position_not_live,   ///< a draft ring read of a position older than the window or not written yet

@@ -8,6 +8,9 @@
 // every query, per-entry stats, the copy plan (each distinct missing row once), the staging bound,
 // and the exact bytes at every returned location; after every commit: the committed rows in both
 // host stores; periodically hot rows, LRU order, optional map, frontier and every pool byte.
+// The same runs cover packed sources (m = 2 and m = 4 positions per stored row): blocks counted in
+// positions and staged as the rows they touch (the boundary row first), queries selecting only
+// block rows complete at their position, commits adding exactly the completed rows.
 // A second test drives speculative and plain decoding of the same accepted tokens on the GPU and
 // requires bit-identical histories.
 #include <map>
@@ -85,6 +88,12 @@ class spec_run {
   dhc::device_buffer<location> dloc_;
   std::map<request_id, std::array<std::vector<std::uint64_t>, S>> tags_;   // per committed row
   std::map<request_id, std::array<std::vector<std::uint64_t>, S>> block_;  // per staged block row
+  std::map<request_id, std::array<std::size_t, S>> bpos_;                  // positions of the staged block
+  static std::int64_t m_of(std::size_t s) { return static_cast<std::int64_t>(Layout::sources[s].positions_per_row); }
+  /// Rows query j of the current round may select: those whose m positions are all <= n + j.
+  std::int64_t visible_end(request_id id, std::size_t s, std::size_t j) const {
+    return (tw.host.positions(id, s) + static_cast<std::int64_t>(j) + 1) / m_of(s);
+  }
   std::uint64_t next_tag_ = 1;
   std::vector<std::vector<std::byte>> pools_;  // the device pools of one source, copied once per check
 
@@ -109,30 +118,39 @@ class spec_run {
       tw.append(id, s, rows);  // tag 0
       t[s].assign(rows, 0);
       block_[id][s].clear();
+      bpos_[id][s] = 0;
     }
   }
   void complete(request_id id) {
     tw.complete(id);
     tags_.erase(id);
     block_.erase(id);
+    bpos_.erase(id);
   }
   void append_one(request_id id, std::size_t s) {
     tw.append(id, s, 1);
     tags_[id][s].push_back(0);
     block_[id][s].clear();  // append closes the round on both backends
+    bpos_[id][s] = 0;
     REQUIRE(tw.dev.staged_rows(id, s) == 0);
+    REQUIRE(tw.dev.positions(id, s) == tw.host.positions(id, s));
   }
 
   void stage(request_id id, std::size_t s) {
     const std::int64_t f = tw.host.frontier(id, s);
-    const std::size_t room = tw.cfg.max_rows - static_cast<std::size_t>(f);
+    const std::int64_t pos = tw.host.positions(id, s);
+    REQUIRE(tw.dev.positions(id, s) == pos);
+    const auto room = static_cast<std::size_t>(static_cast<std::int64_t>(tw.cfg.max_rows) * m_of(s) - pos);
     const std::size_t c = 1 + tw.uniform(std::min(km_, room));
-    std::vector<std::uint64_t> tags(c);
+    const std::size_t nrows = tw.host.block_rows(id, s, c);  // the boundary row first
+    REQUIRE(tw.dev.block_rows(id, s, c) == nrows);
+    std::vector<std::uint64_t> tags(nrows);
     for (auto& t : tags) t = next_tag_++;
     const auto rows = rows_for(id, s, f, tags);
     tw.host.stage_block(id, s, rows, c);
     tw.dev.stage_block(id, s, std::span<const std::byte>(rows), c);
     block_[id][s] = tags;
+    bpos_[id][s] = c;
     REQUIRE(tw.host.staged_rows(id, s) == c);
     REQUIRE(tw.dev.staged_rows(id, s) == c);
   }
@@ -156,7 +174,9 @@ class spec_run {
       const std::size_t kind = tw.uniform(100);
       row_index e;
       if (kind < 7) e = dh::no_row;
-      else if (kind < 18) e = static_cast<row_index>(f + static_cast<std::int64_t>(tw.uniform(j + 1)));  // block
+      else if (kind < 18 && visible_end(id, s, j) > f)  // a block row complete at this query's position
+        e = static_cast<row_index>(f + static_cast<std::int64_t>(tw.uniform(static_cast<std::size_t>(visible_end(id, s, j) - f))));
+      else if (kind < 18) e = static_cast<row_index>(tw.uniform(static_cast<std::size_t>(f)));
       else if (kind < 28)
         e = static_cast<row_index>(std::max<std::int64_t>(0, f - 1 - static_cast<std::int64_t>(tw.uniform(static_cast<std::size_t>(T + km_)))));
       else if (kind < 48) {
@@ -275,9 +295,9 @@ class spec_run {
     std::vector<std::vector<std::vector<row_index>>> queries(b);
     for (std::size_t e = 0; e < b; ++e) {
       const request_id id = ids[e];
-      if (block_[id][s].empty() || tw.chance(0.4)) stage(id, s);
+      if (bpos_[id][s] == 0 || tw.chance(0.4)) stage(id, s);
       if (tw.chance(0.05)) stage(id, s);  // replaced before verification
-      kr[e] = 1 + tw.uniform(block_[id][s].size());
+      kr[e] = 1 + tw.uniform(bpos_[id][s]);
       std::vector<row_index> earlier;
       for (std::size_t j = 0; j < kr[e]; ++j) {
         queries[e].push_back(make_query(id, s, j, earlier));
@@ -429,21 +449,26 @@ class spec_run {
       }
       const std::size_t a = tw.uniform(kr[e]);
       const std::int64_t f = tw.host.frontier(id, s);
+      const std::int64_t next = tw.host.positions(id, s) + static_cast<std::int64_t>(a) + 1;
+      const std::int64_t completed = next / m_of(s) - f;  // rows the accepted prefix completes (m = 1: a + 1)
       tw.host.commit(id, s, a);
       tw.dev.commit(id, s, a);
       wait_or_die(tw.dev.stream(), ctx + ": commit");  // the device writes the host store asynchronously
       auto& t = tags_[id][s];
-      for (std::size_t i = 0; i <= a; ++i) t.push_back(block_[id][s][i]);
+      for (std::int64_t i = 0; i < completed; ++i) t.push_back(block_[id][s][static_cast<std::size_t>(i)]);
       block_[id][s].clear();
+      bpos_[id][s] = 0;
       ++n.commits;
-      REQUIRE(tw.host.frontier(id, s) == f + static_cast<std::int64_t>(a) + 1);
+      REQUIRE(tw.host.frontier(id, s) == f + completed);
+      REQUIRE(tw.host.positions(id, s) == next);
+      REQUIRE(tw.dev.positions(id, s) == next);
       REQUIRE(tw.dev.frontier(id, s) == tw.host.frontier(id, s));
       REQUIRE(tw.dev.device_frontier(id, s) == tw.host.frontier(id, s));
       REQUIRE(tw.dev.staged_rows(id, s) == 0);
       // the committed rows in both host stores, bit for bit
       const auto& d = Layout::sources[s];
       std::vector<std::byte> want(d.row_bytes);
-      for (std::int64_t r = f; r <= f + static_cast<std::int64_t>(a); ++r)
+      for (std::int64_t r = f; r < f + completed; ++r)
         for (std::size_t l = 0; l < d.payload_layers; ++l) {
           fill_row(want.data(), d.row_bytes, key_of(id, s, static_cast<row_index>(r)), s, l, static_cast<row_index>(r));
           const auto hr = tw.host.host_row(id, s, l, static_cast<row_index>(r));
@@ -463,6 +488,7 @@ class spec_run {
         INFO(ctx << ": request " << id << " source " << s);
         REQUIRE(tw.host.staged_rows(id, s) == tw.dev.staged_rows(id, s));
         REQUIRE(tw.host.verified_queries(id, s) == tw.dev.verified_queries(id, s));
+        REQUIRE(tw.host.positions(id, s) == tw.dev.positions(id, s));
       }
   }
 };
@@ -532,6 +558,50 @@ TEST_CASE("cuda verify matches the host hierarchy: GLM-like k=2048, B=4096, K_ma
   w.initial_rows = 12000;
   w.seed = 54;
   spec_run<layout_glm_like, dh::lru_hot_cache<4096>>(cfg, w, "glm-like/k2048/B4096/K8").run();
+}
+
+/// Like tiny, with packed sources: source 0 packs 2 positions per row (two payload layers), source 1
+/// packs 4 (DeepSeek V4.1 Flash's compressed sources).
+struct layout_packed {
+  static constexpr std::size_t top_k = 16;
+  static constexpr std::size_t page_rows = 8;
+  static constexpr std::array<dh::source_desc, 2> sources{{{64, 2, 2, 32}, {32, 4, 1, 32}}};
+  static constexpr std::array<dh::consumer_desc, 3> consumers{{
+      {0, dh::consumer_kind::reindex, 0}, {0, dh::consumer_kind::follower, 1}, {1, dh::consumer_kind::reindex, 0}}};
+};
+static_assert(dh::valid_layout<layout_packed>);
+
+TEST_CASE("cuda verify matches the host hierarchy: packed rows (m = 2 and 4), B = top_k, K_max 4",
+          "[gpu][verify][differential][packed]") {
+  require_device();
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 4;
+  cfg.max_rows = 300;
+  cfg.optional_pages = 6;
+  cfg.max_block = 4;
+  spec_workload w;
+  w.rounds = 2500;
+  w.max_batch = 4;
+  w.state_every = 5;
+  w.seed = 61;
+  spec_run<layout_packed, dh::lru_hot_cache<16>>(cfg, w, "packed/B16/K4").run();
+}
+
+TEST_CASE("cuda verify matches the host hierarchy: packed rows (m = 2 and 4), B=64, 12-row tail, K_max 7",
+          "[gpu][verify][differential][packed]") {
+  require_device();
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 5;
+  cfg.max_rows = 400;
+  cfg.optional_pages = 8;
+  cfg.tail_rows = 12;
+  cfg.max_block = 7;
+  spec_workload w;
+  w.rounds = 2500;
+  w.max_batch = 5;
+  w.state_every = 7;
+  w.seed = 62;
+  spec_run<layout_packed, dh::lru_hot_cache<64>>(cfg, w, "packed/B64/K7").run();
 }
 
 TEST_CASE("speculative decoding on the GPU leaves the history of plain decoding, bit for bit",

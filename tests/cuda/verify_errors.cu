@@ -122,16 +122,21 @@ TEST_CASE("cuda verify: configuration errors", "[gpu][verify][errors]") {
     narrow.max_block = 11;  // wider than the history
     REQUIRE_THROWS_AS((dhc::hierarchy<L, Hot>(narrow)), dh::invalid_configuration);
   }
-  // packed sources: speculative on the host reference, not yet on the CUDA backend
+  // packed sources are speculative on both backends: a block of 3 positions from position 0 of an
+  // m = 2 source touches rows 0 and 1, and both backends ask for exactly those bytes
   cfg.max_block = 4;
   dhc::hierarchy<packed_layout, Hot> packed(cfg);
   dh::host_hierarchy<packed_layout, Hot> packed_host(cfg);
   REQUIRE(packed.admit(1).admitted);
   REQUIRE(packed_host.admit(1).admitted);
+  REQUIRE(packed.block_rows(1, 0, 3) == 2);
+  REQUIRE(packed_host.block_rows(1, 0, 3) == 2);
   std::vector<std::byte> rows(64);
-  REQUIRE_THROWS_AS(packed.stage_block(1, 0, std::span<const std::byte>(rows), 1), dh::packed_rows_unsupported);
+  REQUIRE_THROWS_AS(packed.stage_block(1, 0, std::span<const std::byte>(rows), 3), dh::size_mismatch);
+  REQUIRE_THROWS_AS(packed_host.stage_block(1, 0, rows, 3), dh::size_mismatch);
+  packed.stage_block(1, 0, std::span<const std::byte>(rows), 1);
   packed_host.stage_block(1, 0, rows, 1);
-  REQUIRE(packed_host.staged_rows(1, 0) == 1);
+  REQUIRE(packed_host.staged_rows(1, 0) == 1);  // the device books: test_cuda_verify_differential
   // the speculative geometry: tail ring T + K_max, staging K_max * top_k, as the host
   dh::host_hierarchy<L, Hot> host(cfg);
   dhc::hierarchy<L, Hot> dev(cfg);

@@ -210,6 +210,7 @@ class hierarchy {
       DHISPARSE_CUDA_TRY(detail::launch_forget_slot_plan(src.ws, static_cast<int>(slot), stream));
       DHISPARSE_CUDA_TRY(detail::launch_reset_slots(src.view, static_cast<unsigned>(slot), 1u, stream));
       if (speculative()) {
+        src.partial[slot] = 0;
         close_round(s, slot, stream);
         DHISPARSE_CUDA_TRY(detail::launch_verify_forget_slot(src.vws, static_cast<int>(slot), stream));
       }
@@ -224,6 +225,12 @@ class hierarchy {
   [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
     check_source(source);
     return src_[source].books.slot(registry_.slot(id)).frontier;
+  }
+  /// Committed token positions of a request/source: frontier · m plus the committed positions of a
+  /// partially filled boundary row (host bookkeeping; as `host_hierarchy::positions`).
+  [[nodiscard]] std::int64_t positions(request_id id, std::size_t source) const {
+    check_source(source);
+    return committed_positions(source, registry_.slot(id));
   }
 
   /// Appends `count` rows from device-accessible memory (device memory, or pinned host memory)
@@ -603,9 +610,11 @@ class hierarchy {
   // ------------------------------------------------------------------ speculative verification
   // (hierarchy_config::max_block = K_max > 1; semantics of host_hierarchy, docs/speculative.md)
 
-  /// Stages the target's KV of a speculative block: positions frontier .. frontier+count-1 (anchor
-  /// and count-1 proposals) from device-accessible memory laid out [payload layer][count][row_bytes],
-  /// into the tail ring only (not the host store; the frontier stays). Replaces a previous block.
+  /// Stages the target's KV of a speculative block: positions n .. n+count-1 (anchor and count-1
+  /// proposals, n = `positions()`) from device-accessible memory laid out
+  /// [payload layer][block_rows(id, source, count)][row_bytes] (for m = 1: one row per position;
+  /// packed sources: the boundary row first), into the tail ring only (not the host store; the
+  /// frontier stays). Replaces a previous block.
   void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     const std::size_t slot = check_stage(id, source, count);
     cudaPointerAttributes attr{};
@@ -621,10 +630,12 @@ class hierarchy {
                    cudaStream_t stream) {
     const std::size_t slot = check_stage(id, source, count);
     const auto& d = Layout::sources[source];
-    if (rows.size() != count * d.payload_layers * d.row_bytes)
+    const std::size_t nrows = rows_of_block(source, slot, count);
+    if (rows.size() != nrows * d.payload_layers * d.row_bytes)
       throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                           " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
-                          " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+                          " positions in " + std::to_string(nrows) + " rows, expected " +
+                          std::to_string(nrows * d.payload_layers * d.row_bytes));
     void* tmp = nullptr;
     DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream));
@@ -761,11 +772,12 @@ class hierarchy {
     return total;
   }
 
-  /// Commits a verified round: the anchor and `accepted` proposals (positions frontier ..
-  /// frontier+accepted) are backed up from the tail ring into the host store (host pages from the
-  /// books, so capacity_exceeded / host_pool_exhausted apply) and the frontier moves by
-  /// accepted+1 in stream order; the rest of the block is discarded. 0 <= accepted <= K_r - 1 of
-  /// the last verify. Not capturable (host pages are allocated here).
+  /// Commits a verified round: the anchor and `accepted` proposals (positions n .. n+accepted)
+  /// become committed, n' = n + accepted + 1; the rows they complete (m = 1: one per position) are
+  /// backed up from the tail ring into the host store (host pages from the books, so
+  /// capacity_exceeded / host_pool_exhausted apply) and the frontier moves to n' / m in stream
+  /// order; a partially filled boundary row stays in the tail; the rest of the block is discarded.
+  /// 0 <= accepted <= K_r - 1 of the last verify. Not capturable (host pages are allocated here).
   void commit(request_id id, std::size_t source, std::size_t accepted, cudaStream_t stream) {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
@@ -778,8 +790,11 @@ class hierarchy {
       throw acceptance_beyond_block("commit of request " + std::to_string(id) + " on source " +
                                     std::to_string(source) + " accepts " + std::to_string(accepted) +
                                     " proposals, the verified round had " + std::to_string(src.verified[slot] - 1));
-    src.books.check_append(id, source, slot, accepted + 1);
-    const auto a = src.books.commit_append(slot, accepted + 1);
+    const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
+    const std::int64_t n_next = committed_positions(source, slot) + static_cast<std::int64_t>(accepted) + 1;
+    const auto completed = static_cast<std::size_t>(n_next / m - src.books.slot(slot).frontier);
+    src.books.check_append(id, source, slot, completed);
+    const auto a = src.books.commit_append(slot, completed);
     try {
       if (a.last_page > a.first_page)
         DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_ + a.first_page,
@@ -792,11 +807,19 @@ class hierarchy {
       src.books.undo_append(slot, a);  // the books follow the device: nothing was committed
       throw;
     }
+    src.partial[slot] = static_cast<std::size_t>(n_next % m);
     close_round(source, slot, stream);
   }
   void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
 
-  /// Rows of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
+  /// Stored rows a block of `count` positions covers on a request/source: what `stage_block`
+  /// expects (m = 1: `count`).
+  [[nodiscard]] std::size_t block_rows(request_id id, std::size_t source, std::size_t count) const {
+    check_source(source);
+    return rows_of_block(source, registry_.slot(id), count);
+  }
+
+  /// Positions of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
   [[nodiscard]] std::size_t staged_rows(request_id id, std::size_t source) const {
     check_source(source);
     return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
@@ -932,7 +955,8 @@ class hierarchy {
     // speculative verification (max_block > 1)
     verify_workspace_view vws{};
     std::byte* v_eager = nullptr;          // device descriptor of eager verifies
-    std::vector<std::size_t> staged;       // per slot: rows of the staged block, 0 if none
+    std::vector<std::size_t> staged;       // per slot: positions of the staged block, 0 if none
+    std::vector<std::size_t> partial;      // per slot: committed positions of the boundary row (< m)
     std::vector<std::size_t> verified;     // per slot: K_r of the last verify since staging, 0 if none
     bool follower_plan_from_verify = false;  // pending follower copies replay the verify plan
     bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
@@ -942,7 +966,7 @@ class hierarchy {
                 host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
     std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
-                v_staged = 0, v_verified = 0;
+                v_staged = 0, v_verified = 0, v_partial = 0;
   };
   struct eager_layout {
     std::size_t count = 0, slots = 0, lengths = 0, sel = 0, loc = 0, total = 0;
@@ -1002,6 +1026,7 @@ class hierarchy {
       o.v_eager = k.take<std::byte>(verify_eager_offsets(cap, c.max_block).total);
       o.v_staged = k.take<std::int32_t>(cap);
       o.v_verified = k.take<std::int32_t>(cap);
+      o.v_partial = k.take<std::int32_t>(cap);
     }
     o.total = k.bytes();
     return o;
@@ -1048,14 +1073,21 @@ class hierarchy {
   void close_round(std::size_t source, std::size_t slot, cudaStream_t stream) {
     src_[source].staged[slot] = 0;
     src_[source].verified[slot] = 0;
-    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src_[source].vws, static_cast<int>(slot), 0, 0, stream));
+    DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src_[source].vws, static_cast<int>(slot), 0, 0,
+                                                       static_cast<std::int32_t>(src_[source].partial[slot]), stream));
+  }
+  [[nodiscard]] std::int64_t committed_positions(std::size_t source, std::size_t slot) const {
+    const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
+    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    return speculative() ? f * m + static_cast<std::int64_t>(src_[source].partial[slot]) : f * m;
+  }
+  [[nodiscard]] std::size_t rows_of_block(std::size_t source, std::size_t slot, std::size_t count) const {
+    const std::size_t m = Layout::sources[source].positions_per_row;
+    const std::size_t b = speculative() ? src_[source].partial[slot] : 0;
+    return count == 0 ? 0 : (b + count - 1) / m + 1;
   }
   void check_speculative(std::size_t source) const {
     check_source(source);
-    if (Layout::sources[source].positions_per_row != 1)
-      throw packed_rows_unsupported("source " + std::to_string(source) + " packs " +
-                                    std::to_string(Layout::sources[source].positions_per_row) +
-                                    " positions per row; speculative verification supports m = 1 sources only (not yet)");
     if (!speculative())
       throw invalid_configuration("speculative calls need hierarchy_config::max_block >= 2 (the tail ring has no "
                                   "room for a block); with max_block = 1 use append and resolve");
@@ -1064,28 +1096,31 @@ class hierarchy {
   std::size_t check_stage(request_id id, std::size_t source, std::size_t count) const {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
-    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    const std::int64_t n = committed_positions(source, slot);
+    const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
     if (count == 0)
       throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                           " with no rows (a block holds at least the anchor)");
     if (count > cfg_.max_block)
       throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
                            " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
-    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) - f))
+    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) * m - n))
       throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                              ": positions " + std::to_string(f) + " .. " +
-                              std::to_string(f + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
-                              std::to_string(cfg_.max_rows) + " rows");
+                              ": positions " + std::to_string(n) + " .. " +
+                              std::to_string(n + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
+                              std::to_string(cfg_.max_rows) + " rows of " + std::to_string(m) + " positions");
     return slot;
   }
   void stage_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,
                      cudaStream_t stream) {
     auto& src = src_[source];
+    // the block's rows: the boundary row (frontier) first; block_rows <= count <= K_max
     DHISPARSE_CUDA_TRY(detail::launch_verify_stage(src.view, static_cast<unsigned>(slot), rows,
-                                                   src.books.slot(slot).frontier, static_cast<unsigned>(count),
+                                                   src.books.slot(slot).frontier,
+                                                   static_cast<unsigned>(rows_of_block(source, slot, count)),
                                                    sm_count_ * 8, stream));
     DHISPARSE_CUDA_TRY(detail::launch_verify_set_round(src.vws, static_cast<int>(slot), static_cast<std::int32_t>(count),
-                                                       0, stream));
+                                                       0, static_cast<std::int32_t>(src.partial[slot]), stream));
     src.staged[slot] = count;
     src.verified[slot] = 0;
   }
@@ -1179,7 +1214,10 @@ class hierarchy {
                std::to_string(r.value) + ", outside [0, " + std::to_string(cfg_.max_rows) + ") and not -1" + where;
       case errc::position_not_visible:
         return who + ": query " + std::to_string(j) + " (position " + std::to_string(r.frontier + j) + ") entry " +
-               std::to_string(i) + " selects row " + std::to_string(r.value) + ", which it cannot see" + where;
+               std::to_string(i) + " selects row " + std::to_string(r.value) +
+               (Layout::sources[source].positions_per_row > 1 ? ", which is not complete at that position"
+                                                              : ", which it cannot see") +
+               where;
       default:
         return std::string(to_string(to_errc(r.code))) + where;
     }
@@ -1246,12 +1284,15 @@ class hierarchy {
       vw.word_rank = reinterpret_cast<std::uint32_t*>(base + o.v_rank);
       vw.staged = reinterpret_cast<std::int32_t*>(base + o.v_staged);  // zero: the memset above
       vw.verified = reinterpret_cast<std::int32_t*>(base + o.v_verified);
+      vw.partial = reinterpret_cast<std::int32_t*>(base + o.v_partial);
+      vw.positions_per_row = static_cast<std::uint32_t>(d.positions_per_row);
       vw.words = static_cast<std::uint32_t>((cfg_.max_rows + 31) / 32);
       vw.plan_stride = static_cast<std::uint32_t>(cfg_.max_block * top_k);
       vw.capacity = static_cast<std::uint32_t>(cfg_.max_requests);
       src.v_eager = base + o.v_eager;
       src.staged.assign(cfg_.max_requests, 0);
       src.verified.assign(cfg_.max_requests, 0);
+      src.partial.assign(cfg_.max_requests, 0);
     }
 
     DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
@@ -1289,7 +1330,10 @@ class hierarchy {
                       cudaStream_t stream) {
     auto& src = src_[source];
     const auto a = src.books.commit_append(slot, count);
-    if (speculative()) close_round(source, slot, stream);  // the history moved on: a staged block is superseded
+    if (speculative()) {
+      src.partial[slot] = 0;  // complete rows only: the first appended row covers a partial boundary row
+      close_round(source, slot, stream);  // the history moved on: a staged block is superseded
+    }
     try {
       if (a.last_page > a.first_page)
         // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.

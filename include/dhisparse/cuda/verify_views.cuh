@@ -61,6 +61,8 @@ struct verify_workspace_view {
   std::uint32_t* word_rank = nullptr;   ///< [slots * words] missing rows before each bitmap word
   std::int32_t* staged = nullptr;       ///< [slots] rows of the staged block, 0 if none (device books)
   std::int32_t* verified = nullptr;     ///< [slots] K_r of the last good verify since staging, 0 if none
+  std::int32_t* partial = nullptr;      ///< [slots] committed positions of the boundary row (< m; 0 for m = 1)
+  std::uint32_t positions_per_row = 1;  ///< m of the source: query j sees rows < (frontier·m + partial + j + 1) / m
   std::uint32_t words = 0;              ///< bitmap words per slot: ceil(max_rows / 32)
   std::uint32_t plan_stride = 0;        ///< K_max * top_k
   std::uint32_t capacity = 0;
@@ -76,8 +78,9 @@ static_assert(std::is_trivially_copyable_v<verify_workspace_view>);
 namespace dhisparse::cuda {
 
 /// One request's round in an eager `hierarchy::verify` call: K_r = `queries.size()` target
-/// queries, query j at position frontier + j (j = 0 is the anchor). The span is read on the host
-/// during the call; selections and locations are device-accessible and used in stream order.
+/// queries, query j at position n + j, n = `positions()` (frontier for m = 1; j = 0 is the
+/// anchor). The span is read on the host during the call; selections and locations are
+/// device-accessible and used in stream order.
 struct verify_batch_item {
   request_id request = 0;
   std::span<const verify_query> queries;

@@ -77,7 +77,7 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
   __shared__ const row_index* q_sel[QMAX];
   __shared__ location* q_out[QMAX];
   __shared__ int q_begin[QMAX + 1];
-  __shared__ long long s_frontier, s_value;
+  __shared__ long long s_frontier, s_positions, s_value;
   __shared__ int s_slot, s_kr, s_code, s_index, s_dup, s_bad;
   __shared__ unsigned s_epoch, s_count[6];
   extern __shared__ __align__(16) unsigned char dhisparse_verify_smem[];
@@ -95,11 +95,14 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
     int code = status_ok;
     long long value = 0;
     s_frontier = 0;
+    s_positions = 0;
     if (slot < 0 || static_cast<std::size_t>(slot) >= space.slots || src.live[slot] == 0) {
       code = to_status(errc::unknown_request);
       value = slot;
     } else {
       s_frontier = src.frontier[slot];
+      // committed positions n: complete rows times m plus the boundary row's committed positions
+      s_positions = s_frontier * static_cast<long long>(ws.positions_per_row) + ws.partial[slot];
       if (kr < 1) {
         code = to_status(errc::size_mismatch);
         value = kr;
@@ -157,12 +160,15 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
   const int slot = s_code == to_status(errc::unknown_request) ? 0 : s_slot;
   const int kr = s_kr;
   const std::int64_t F = s_frontier;
+  const std::int64_t N = s_positions;
+  const auto m = static_cast<std::int64_t>(ws.positions_per_row);
   const std::size_t hot_base = static_cast<std::size_t>(slot) * B;
   const std::size_t page_base = static_cast<std::size_t>(slot) * src.pages_per_request;
   const std::size_t rev_base = static_cast<std::size_t>(slot) * static_cast<std::size_t>(src.max_rows);
   const std::size_t seen_base = static_cast<std::size_t>(slot) * ws.words;
 
-  // Entries first, nothing written: query j sees rows < F + j + 1. The first bad entry in
+  // Entries first, nothing written: query j (position N + j) sees a row only once every position it
+  // packs is visible, rows < (N + j + 1) / m (m = 1: rows < F + j + 1). The first bad entry in
   // (query, entry) order wins, as in the host reference. U entries per thread per iteration, all
   // loads issued before they are used (the passes below do the same).
   for (int j = 0; j < kr; ++j) {
@@ -177,7 +183,7 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
         if (x[u] == no_row) continue;
         int kind = -1;
         if (x[u] < 0 || x[u] >= src.max_rows) kind = 0;
-        else if (x[u] >= F + j + 1) kind = 1;
+        else if (x[u] >= (N + j + 1) / m) kind = 1;
         if (kind >= 0) atomicMin(&s_bad, ((q_begin[j] + i0 + u * Block) << 1) | kind);
       }
     }
@@ -215,7 +221,7 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
         rec.code = code;
         rec.index = index;
         rec.value = value;
-        rec.frontier = F;
+        rec.frontier = N;  // committed positions (= rows for m = 1): the message names the query's position
         rec.epoch = s_epoch;
         rec.slot = s_slot;
         verify_record_error(ws, t, rec);
@@ -584,18 +590,21 @@ __global__ void verify_forget_slot_kernel(verify_workspace_view ws, int slot) {
 // --------------------------------------------------------------------------------------------
 // device books of a slot's round: staged rows and the last good verify's K_r
 
-__global__ void verify_set_round_kernel(verify_workspace_view ws, int slot, std::int32_t staged, std::int32_t verified) {
+__global__ void verify_set_round_kernel(verify_workspace_view ws, int slot, std::int32_t staged, std::int32_t verified,
+                                        std::int32_t partial) {
   ws.staged[slot] = staged;
   ws.verified[slot] = verified;
+  ws.partial[slot] = partial;
 }
 
 // --------------------------------------------------------------------------------------------
 // launchers (stream last, cudaError_t, no allocation, no host synchronisation)
 
-/// Sets a slot's device round books in stream order (stage: count/0; commit, append, complete: 0/0).
+/// Sets a slot's device round books in stream order (stage: count/0; commit, append, complete: 0/0)
+/// and the committed positions of its boundary row (changed by commit, append and complete only).
 inline cudaError_t launch_verify_set_round(const verify_workspace_view& ws, int slot, std::int32_t staged,
-                                           std::int32_t verified, cudaStream_t stream) {
-  verify_set_round_kernel<<<1, 1, 0, stream>>>(ws, slot, staged, verified);
+                                           std::int32_t verified, std::int32_t partial, cudaStream_t stream) {
+  verify_set_round_kernel<<<1, 1, 0, stream>>>(ws, slot, staged, verified, partial);
   return cudaGetLastError();
 }
 
