@@ -76,6 +76,7 @@ std::uint32_t g_warmup_steps = 5;
 bool g_flush_l2 = true;
 unsigned g_copy_warps = 0;     // --dh_copy_warps: resolver copy warps per CTA (0: library default)
 unsigned g_rows_per_warp = 0;  // --dh_rows_per_warp: rows in flight per copying warp (0: library default)
+int g_resolver_ctas = 0;  // --dh_resolver_ctas: CTAs per resolve (0: the whole persistent grid)
 int g_early_copy_max_batch = -1;  // --dh_early_copy_max_batch: largest early-copy batch (-1: library default)
 int g_failures = 0;
 
@@ -163,6 +164,7 @@ class dh_adapter {
     h_ = std::make_unique<hierarchy>(config(requests), s);
     if (g_copy_warps != 0 || g_rows_per_warp != 0) h_->set_copy_shape(g_copy_warps, g_rows_per_warp);
     if (g_early_copy_max_batch >= 0) h_->set_early_copy_max_batch(static_cast<unsigned>(g_early_copy_max_batch));
+    if (g_resolver_ctas > 0) h_->set_resolver_ctas(static_cast<unsigned>(g_resolver_ctas));
     slot_of_.resize(requests);
     constexpr std::size_t chunk = 25000;
     for (std::uint32_t q = 0; q < requests; ++q) {
@@ -608,6 +610,7 @@ void parse_own_flags(int& argc, char** argv) {
     else if (std::sscanf(argv[i], "--dh_copy_warps=%u", &v) == 1) g_copy_warps = v;
     else if (std::sscanf(argv[i], "--dh_rows_per_warp=%u", &v) == 1) g_rows_per_warp = v;
     else if (std::sscanf(argv[i], "--dh_early_copy_max_batch=%u", &v) == 1) g_early_copy_max_batch = static_cast<int>(v);
+    else if (std::sscanf(argv[i], "--dh_resolver_ctas=%u", &v) == 1) g_resolver_ctas = static_cast<int>(v);
     else argv[out++] = argv[i];
   }
   argc = out;
@@ -649,6 +652,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("dhisparse_flush_l2", g_flush_l2 ? "1" : "0");
   benchmark::AddCustomContext("dhisparse_early_copy_max_batch",
                               g_early_copy_max_batch < 0 ? "default" : std::to_string(g_early_copy_max_batch));
+  benchmark::AddCustomContext("dhisparse_resolver_ctas", g_resolver_ctas == 0 ? "grid" : std::to_string(g_resolver_ctas));
   benchmark::AddCustomContext("dhisparse_copy_shape",
                               std::to_string(g_copy_warps) + " warps x " + std::to_string(g_rows_per_warp) + " rows");
   benchmark::RunSpecifiedBenchmarks();

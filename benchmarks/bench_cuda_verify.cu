@@ -6,7 +6,8 @@
 //   verify      dhisparse::cuda::hierarchy::verify over a device descriptor (verify_batch_view, the
 //               graph-capturable call; like the resolves, nothing is uploaded inside the timing)
 //   k_resolves  K x hierarchy::resolve(source, batch_view) of the same selections, back to back
-//   memory      per-session bytes of ring + staging: the planner against hierarchy::requirements
+//   memory      per-session bytes of ring + staging: the planner against hierarchy::requirements;
+//               GLM-5.3 verification memory with dedicated staging against four shared arenas
 //
 // Sweep: K in {1, 4, 6, 8}, C in {1, 8, 32, 128}; k = 2048, B = 4096, 576-byte rows, one source
 // with one payload layer, 65,536-row histories, K_max = 8. Every query selects its visible block
@@ -40,8 +41,10 @@
 #include <dhisparse/cuda/hierarchy.cuh>
 #include <dhisparse/hierarchy_types.hpp>
 #include <dhisparse/layout.hpp>
+#include <dhisparse/layouts/glm53.hpp>
 #include <dhisparse/planner.hpp>
 #include <dhisparse/policies/hot_cache.hpp>
+#include <dhisparse/policies/staging_arena.hpp>
 #include <dhisparse/types.hpp>
 
 #include "detail/common.cuh"
@@ -428,6 +431,47 @@ void bm_memory(benchmark::State& state) {
   state.SetLabel("memory (draft ring: planner vs cuda::draft_ring_store; staging: planner vs hierarchy)");
 }
 
+/// GLM-5.3 at the paper's 35 slots and 100K tokens with DFlash2 (K_max 8): verification memory per
+/// GPU with every payload layer's own staging (dedicated_staging) against four shared arenas
+/// (staging_arenas<4>), beside the planner's M_stage for chi = 4 and chi = 78. Byte counts from
+/// hierarchy::requirements (K_max 8 minus K_max 1: staging, tail growth, verify workspace);
+/// nothing is allocated.
+void bm_memory_shared_staging(benchmark::State& state) {
+  for (auto _ : state) {
+  }
+  using glm = dhisparse::layouts::glm53;
+  using hot = dhisparse::lru_hot_cache<4096>;
+  using dedicated = dhisparse::cuda::hierarchy<glm, hot>;
+  using shared = dhisparse::cuda::hierarchy<glm, hot, dhisparse::fixed_budget_policy, dhisparse::staging_arenas<4>>;
+  constexpr std::uint64_t slots = 35, context = 100'000;
+  dhisparse::hierarchy_config spec;
+  spec.max_requests = slots;
+  spec.max_rows = context;
+  spec.tail_rows = glm::page_rows;
+  spec.max_block = dhisparse::drafters::dflash2.max_block;
+  dhisparse::hierarchy_config plain = spec;
+  plain.max_block = 1;
+  const auto extra = [](const dhisparse::cuda::memory_requirements& with, const dhisparse::cuda::memory_requirements& without) {
+    return static_cast<double>(with.device_bytes - without.device_bytes);
+  };
+  const double ded = extra(dedicated::requirements(spec), dedicated::requirements(plain));
+  const double sh = extra(shared::requirements(spec), shared::requirements(plain));
+  const auto p4 = dhisparse::plan<glm>({.context_tokens = context, .drafter = dhisparse::drafters::dflash2, .slots = slots});
+  const auto p78 = dhisparse::plan<glm>(
+      {.context_tokens = context, .drafter = dhisparse::drafters::dflash2, .slots = slots, .staging_arenas = 78});
+  auto& c = state.counters;
+  c["slots"] = static_cast<double>(slots);
+  c["planner_staging_chi4_per_gpu_B"] = static_cast<double>(p4.staging_bytes_for_slots);
+  c["planner_staging_chi78_per_gpu_B"] = static_cast<double>(p78.staging_bytes_for_slots);
+  c["allocated_arenas_chi4_per_gpu_B"] = static_cast<double>(shared::staging_arena_bytes(spec));
+  c["speculative_device_shared_per_gpu_B"] = sh;
+  c["speculative_device_dedicated_per_gpu_B"] = ded;
+  c["dedicated_per_shared"] = ded / sh;
+  if (shared::staging_arena_bytes(spec) != p4.staging_bytes_for_slots)
+    fail(state, "memory: shared staging arenas differ from the planner's M_stage");
+  state.SetLabel("GLM-5.3, 35 slots, DFlash2: verification device bytes, dedicated vs 4 shared arenas");
+}
+
 void parse_own_flags(int& argc, char** argv) {
   int out = 1;
   for (int i = 1; i < argc; ++i) {
@@ -453,6 +497,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   benchmark::RegisterBenchmark("memory/ring_and_staging", bm_memory)->Iterations(1);
+  benchmark::RegisterBenchmark("memory/glm53_shared_staging", bm_memory_shared_staging)->Iterations(1);
   for (std::uint32_t K : kBlocks)
     for (std::uint32_t C : kBatches)
       for (method x : {method::verify, method::k_resolves}) {

@@ -33,6 +33,9 @@ enum class errc {
   invalid_slot,              ///< a draft ring slot index at or past the store's slot count
   draft_position_not_live,   ///< a draft ring read of a position older than the window or not written yet
   draft_write_out_of_order,  ///< a draft ring write of a committed position or one past the write frontier
+  // Shared staging arenas (appended, same reason).
+  staging_in_use,            ///< a verify on one source while another source holds the shared staging arenas
+  staging_not_held,          ///< release, or a read of staging rows, by a source that does not hold the arenas
 };
 
 /// Short name of an error category, for messages and logs.
@@ -60,6 +63,8 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::invalid_slot: return "invalid_slot";
     case errc::draft_position_not_live: return "draft_position_not_live";
     case errc::draft_write_out_of_order: return "draft_write_out_of_order";
+    case errc::staging_in_use: return "staging_in_use";
+    case errc::staging_not_held: return "staging_not_held";
   }
   return "unknown";
 }
@@ -103,6 +108,8 @@ using packed_rows_unsupported = typed_error<errc::packed_rows_unsupported>;
 using invalid_slot = typed_error<errc::invalid_slot>;
 using draft_position_not_live = typed_error<errc::draft_position_not_live>;
 using draft_write_out_of_order = typed_error<errc::draft_write_out_of_order>;
+using staging_in_use = typed_error<errc::staging_in_use>;
+using staging_not_held = typed_error<errc::staging_not_held>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -129,6 +136,8 @@ using draft_write_out_of_order = typed_error<errc::draft_write_out_of_order>;
     case errc::invalid_slot: throw invalid_slot(what);
     case errc::draft_position_not_live: throw draft_position_not_live(what);
     case errc::draft_write_out_of_order: throw draft_write_out_of_order(what);
+    case errc::staging_in_use: throw staging_in_use(what);
+    case errc::staging_not_held: throw staging_not_held(what);
   }
   throw error(code, what);
 }

@@ -63,6 +63,23 @@ consteval std::size_t payload_layer_count() {
   return n;
 }
 
+/// Most payload layers of any one source: the payload layers a verification of one source keeps
+/// live at once (the planner's default chi).
+template <KvLayout L>
+consteval std::size_t max_payload_layers_per_source() {
+  std::size_t n = 0;
+  for (const auto& s : L::sources) n = s.payload_layers > n ? s.payload_layers : n;
+  return n;
+}
+
+/// Widest row of any source (d_KV of a shared staging arena).
+template <KvLayout L>
+consteval std::size_t widest_row_bytes() {
+  std::size_t n = 0;
+  for (const auto& s : L::sources) n = s.row_bytes > n ? s.row_bytes : n;
+  return n;
+}
+
 /// Sum over all payload layers of their row bytes: bytes one stored position-row costs across the model.
 template <KvLayout L>
 consteval std::size_t payload_bytes_per_row() {

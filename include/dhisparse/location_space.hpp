@@ -6,7 +6,9 @@
 ///     | verification staging: N slots x S rows ]
 ///
 /// so one int32 location addresses the same row in every payload layer of the source, and an
-/// attention kernel reads row `loc` of layer l at `layer_base(l) + loc * row_bytes`.
+/// attention kernel reads row `loc` of layer l at `layer_base(l) + loc * row_bytes`. With shared
+/// staging arenas (`staging_arenas<chi>`) the staging rows are not in the pool: a location
+/// `loc >= staging_begin()` is row `loc - staging_begin()` of the arena that layer l uses.
 /// With speculative verification (max_block K_max > 1) the tail ring holds T + K_max rows (the
 /// committed window plus one tentative block) and S = K_max * top_k; otherwise S = 0 and nothing moves.
 #include <cstddef>
@@ -38,14 +40,16 @@ struct location_space {
     return static_cast<location>(slots * (hot_rows + tail_rows) + page * page_rows +
                                  static_cast<std::size_t>(row) % page_rows);
   }
+  /// First staging location: locations at or past it are staging rows.
+  DHISPARSE_HD constexpr std::size_t staging_begin() const {
+    return slots * (hot_rows + tail_rows) + optional_pages * page_rows;
+  }
   /// Staging row `i` (0 <= i < staging_rows) of a slot: overflow rows of a verification union.
   DHISPARSE_HD constexpr location staging(std::size_t slot, std::size_t i) const {
-    return static_cast<location>(slots * (hot_rows + tail_rows) + optional_pages * page_rows + slot * staging_rows + i);
+    return static_cast<location>(staging_begin() + slot * staging_rows + i);
   }
-  /// Rows of one payload layer's pool.
-  DHISPARSE_HD constexpr std::size_t rows() const {
-    return slots * (hot_rows + tail_rows) + optional_pages * page_rows + slots * staging_rows;
-  }
+  /// Rows of the location range (pool rows plus staging rows, wherever the staging lives).
+  DHISPARSE_HD constexpr std::size_t rows() const { return staging_begin() + slots * staging_rows; }
   /// True when every location fits a non-negative int32.
   constexpr bool addressable() const {
     return rows() <= static_cast<std::size_t>(std::numeric_limits<location>::max());

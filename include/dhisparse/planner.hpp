@@ -90,18 +90,6 @@ consteval std::uint64_t index_key_bytes_per_row() {
   for (const auto& s : L::sources) n += s.index_key_bytes;
   return n;
 }
-template <KvLayout L>
-consteval std::uint64_t max_payload_layers_per_source() {
-  std::uint64_t n = 0;
-  for (const auto& s : L::sources) n = std::max<std::uint64_t>(n, s.payload_layers);
-  return n;
-}
-template <KvLayout L>
-consteval std::uint64_t widest_row_bytes() {
-  std::uint64_t n = 0;
-  for (const auto& s : L::sources) n = std::max<std::uint64_t>(n, s.row_bytes);
-  return n;
-}
 }  // namespace detail
 
 /// The planner's view of layout `L`. All sources must pack the same m positions per row.
@@ -118,8 +106,8 @@ constexpr model_shape shape_of() {
       .top_k = L::top_k,
       .payload_layers = payload_layer_count<L>(),
       .sources = source_count<L>,
-      .max_live_payload_layers = detail::max_payload_layers_per_source<L>(),
-      .widest_row_bytes = detail::widest_row_bytes<L>(),
+      .max_live_payload_layers = max_payload_layers_per_source<L>(),
+      .widest_row_bytes = widest_row_bytes<L>(),
   };
 }
 

@@ -193,14 +193,62 @@ inline std::string stats_text(const dh::resolve_stats& s) {
   return o.str();
 }
 
+// ------------------------------------------------------------------ gate
+
+__global__ void spin_until_open(const volatile int* flag, long long max_cycles) {
+  const long long start = clock64();
+  while (*flag == 0 && clock64() - start < max_cycles) {
+  }
+}
+
+/// Holds a stream back until `open()`: the stream waits for a spinning kernel on a side stream.
+class gate {
+ public:
+  gate() {
+    cudaFuncAttributes attr{};  // loaded now: a lazily loaded kernel may synchronise the context at launch
+    DHTEST_CUDA(cudaFuncGetAttributes(&attr, spin_until_open));
+    DHTEST_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
+    *flag_ = 0;
+    DHTEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflag_), flag_, 0));
+    DHTEST_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    DHTEST_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~gate() {
+    *flag_ = 1;
+    cudaStreamSynchronize(side_);
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(side_);
+    cudaFreeHost(flag_);
+  }
+  void close(cudaStream_t held) {
+    *reinterpret_cast<volatile int*>(flag_) = 0;
+    spin_until_open<<<1, 1, 0, side_>>>(dflag_, 20'000'000'000LL);  // ~10 s at H200 clocks
+    DHTEST_CUDA(cudaGetLastError());
+    DHTEST_CUDA(cudaEventRecord(done_, side_));
+    DHTEST_CUDA(cudaStreamWaitEvent(held, done_, 0));
+  }
+  void open() {
+    *reinterpret_cast<volatile int*>(flag_) = 1;
+    wait_or_die(side_, "gate");
+  }
+  /// The spinning kernel has not finished: the held stream is still held.
+  [[nodiscard]] bool closed() const { return cudaStreamQuery(side_) == cudaErrorNotReady; }
+
+ private:
+  int* flag_ = nullptr;
+  int* dflag_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+
 // ------------------------------------------------------------------ twin driver
 
 /// Drives a host_hierarchy and a cuda::hierarchy with identical calls and compares them.
-template <class Layout, class Hot>
+template <class Layout, class Hot, class Staging = dh::dedicated_staging>
 class twin {
  public:
-  using host_type = dh::host_hierarchy<Layout, Hot>;
-  using device_type = dhc::hierarchy<Layout, Hot>;
+  using host_type = dh::host_hierarchy<Layout, Hot, dh::fixed_budget_policy, Staging>;
+  using device_type = dhc::hierarchy<Layout, Hot, dh::fixed_budget_policy, Staging>;
   static constexpr std::size_t K = Layout::top_k;
   static constexpr std::size_t sources = dh::source_count<Layout>;
 
@@ -423,9 +471,14 @@ class twin {
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
+        const std::size_t pool_rows = dev.pool_rows();
+        // shared arenas: a source's staging rows are readable only while it holds the arenas
+        const bool arena_rows = Staging::shared && host.staging_holder() == s;
+        const std::size_t rows = arena_rows ? dev.space().rows() : pool_rows;
         std::vector<std::byte> pool(dev.space().rows() * d.row_bytes);
-        dev.copy_pool(s, l, pool);
-        for (std::size_t r = 0; r < dev.space().rows(); ++r) {
+        dev.copy_pool(s, l, std::span<std::byte>(pool).first(pool_rows * d.row_bytes));
+        if (arena_rows) dev.copy_staging(s, l, std::span<std::byte>(pool).subspan(pool_rows * d.row_bytes));
+        for (std::size_t r = 0; r < rows; ++r) {
           const auto want = host.payload(s, l, static_cast<location>(r));
           if (std::memcmp(want.data(), pool.data() + r * d.row_bytes, d.row_bytes) != 0)
             DHTEST_FAIL(ctx << ": pool of source " << s << " layer " << l << " differs at location " << r << ": host "

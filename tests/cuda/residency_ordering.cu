@@ -28,52 +28,6 @@ constexpr std::size_t K = Layout::top_k;
 constexpr std::size_t kPageRows = Layout::page_rows;
 constexpr std::size_t kRows = 64;  // 8 pages
 
-__global__ void spin_until_open(const volatile int* flag, long long max_cycles) {
-  const long long start = clock64();
-  while (*flag == 0 && clock64() - start < max_cycles) {
-  }
-}
-
-/// Holds a stream back until `open()`: the stream waits for a spinning kernel on a side stream.
-class gate {
- public:
-  gate() {
-    cudaFuncAttributes attr{};  // loaded now: a lazily loaded kernel may synchronise the context at launch
-    DHTEST_CUDA(cudaFuncGetAttributes(&attr, spin_until_open));
-    DHTEST_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
-    *flag_ = 0;
-    DHTEST_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflag_), flag_, 0));
-    DHTEST_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-    DHTEST_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  }
-  ~gate() {
-    *flag_ = 1;
-    cudaStreamSynchronize(side_);
-    cudaEventDestroy(done_);
-    cudaStreamDestroy(side_);
-    cudaFreeHost(flag_);
-  }
-  void close(cudaStream_t held) {
-    *reinterpret_cast<volatile int*>(flag_) = 0;
-    spin_until_open<<<1, 1, 0, side_>>>(dflag_, 20'000'000'000LL);  // ~10 s at H200 clocks
-    DHTEST_CUDA(cudaGetLastError());
-    DHTEST_CUDA(cudaEventRecord(done_, side_));
-    DHTEST_CUDA(cudaStreamWaitEvent(held, done_, 0));
-  }
-  void open() {
-    *reinterpret_cast<volatile int*>(flag_) = 1;
-    wait_or_die(side_, "gate");
-  }
-  /// The spinning kernel has not finished: the held stream is still held.
-  [[nodiscard]] bool closed() const { return cudaStreamQuery(side_) == cudaErrorNotReady; }
-
- private:
-  int* flag_ = nullptr;
-  int* dflag_ = nullptr;
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-};
-
 /// Seconds a read of the step stream may take while a gate is closed: well below the gate's own
 /// timeout, so a read that waits for the held stream is caught before the gate gives way.
 constexpr double kHeldReadSeconds = 4.0;

@@ -13,8 +13,11 @@
 // block rows complete at their position, commits adding exactly the completed rows.
 // A second test drives speculative and plain decoding of the same accepted tokens on the GPU and
 // requires bit-identical histories.
+#include <chrono>
+#include <cstdlib>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "cuda_test_support.cuh"
 
@@ -36,10 +39,10 @@ struct spec_workload {
   std::uint64_t seed = 1;
 };
 
-template <class Layout, class Hot>
+template <class Layout, class Hot, class Staging = dh::dedicated_staging>
 class spec_run {
  public:
-  using T = twin<Layout, Hot>;
+  using T = twin<Layout, Hot, Staging>;
   static constexpr std::size_t K = Layout::top_k;
   static constexpr std::size_t S = T::sources;
   static constexpr std::size_t P = Layout::page_rows;
@@ -54,7 +57,8 @@ class spec_run {
 
   struct counters {
     std::size_t verifies = 0, commits = 0, abandoned = 0, entries = 0, block = 0, hot = 0, host = 0, staged = 0,
-                staging_rows = 0, rows_copied = 0, union_saved = 0, producer_only = 0, resolves = 0;
+                staging_rows = 0, rows_copied = 0, union_saved = 0, producer_only = 0, resolves = 0, releases = 0,
+                held_probes = 0;
   } n;
 
   void run() {
@@ -78,6 +82,10 @@ class spec_run {
     CHECK(n.hot > 0);
     CHECK(n.host > 0);
     CHECK(n.union_saved > 0);
+    if constexpr (Staging::shared) {
+      CHECK(n.releases > w_.rounds / 4);
+      CHECK(n.held_probes > 0);
+    }
   }
 
  private:
@@ -248,9 +256,13 @@ class spec_run {
   void snapshot(std::size_t s) {
     const auto& d = Layout::sources[s];
     pools_.resize(d.payload_layers);
+    const std::size_t pool_bytes = tw.dev.pool_rows() * d.row_bytes;
     for (std::size_t l = 0; l < d.payload_layers; ++l) {
-      pools_[l].resize(tw.dev.space().rows() * d.row_bytes);
-      tw.dev.copy_pool(s, l, pools_[l]);
+      pools_[l].assign(tw.dev.space().rows() * d.row_bytes, std::byte{0});
+      tw.dev.copy_pool(s, l, std::span<std::byte>(pools_[l]).first(pool_bytes));
+      // shared arenas: the staging rows follow the pool in the image while s holds them
+      if (Staging::shared && tw.dev.staging_holder() == s)
+        tw.dev.copy_staging(s, l, std::span<std::byte>(pools_[l]).subspan(pool_bytes));
     }
   }
 
@@ -285,7 +297,31 @@ class spec_run {
     return o.str();
   }
 
+  /// Shared arenas held by another source: misuse is refused with nothing changed, then the
+  /// holder releases them (its layer group is over).
+  void take_arenas(std::size_t s) {
+    if constexpr (Staging::shared) {
+      const auto h = tw.host.staging_holder();
+      REQUIRE(tw.dev.staging_holder() == h);
+      if (!h || *h == s) return;
+      std::vector<dhc::verify_batch_item> none;
+      REQUIRE_THROWS_AS(tw.dev.verify(s, std::span<const dhc::verify_batch_item>(none)), dh::staging_in_use);
+      REQUIRE_THROWS_AS(tw.dev.release_staging(s), dh::staging_not_held);
+      REQUIRE_THROWS_AS(tw.dev.payload_row(s, 0, tw.dev.space().staging(0, 0)), dh::staging_not_held);
+      REQUIRE(tw.dev.staging_holder() == h);
+      ++n.held_probes;
+      release(*h);
+    }
+  }
+  void release(std::size_t s) {
+    tw.host.release_staging(s);
+    tw.dev.release_staging(s);
+    REQUIRE(!tw.dev.staging_holder());
+    ++n.releases;
+  }
+
   void round(std::size_t s, const std::string& ctx) {
+    take_arenas(s);
     // the batch: distinct live requests, each stages a block (sometimes restages) and picks K_r
     std::vector<request_id> ids = tw.live;
     std::shuffle(ids.begin(), ids.end(), tw.rng);
@@ -480,6 +516,9 @@ class spec_run {
                             << hex_prefix(want.data(), d.row_bytes) << "...");
         }
     }
+    // the attention consumers of the round are done: release the arenas (sometimes the same source
+    // verifies again first)
+    if (Staging::shared && tw.chance(0.6)) release(s);
   }
 
   void compare_spec_books(const std::string& ctx) {
@@ -909,4 +948,154 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
+}
+
+// ------------------------------------------------------------------ shared staging arenas
+
+TEST_CASE("cuda verify with shared staging arenas matches the host: tiny layout, B = top_k, K_max 4",
+          "[gpu][verify][differential][staging]") {
+  require_device();
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 4;
+  cfg.max_rows = 300;
+  cfg.optional_pages = 6;
+  cfg.max_block = 4;
+  spec_workload w;
+  w.rounds = 2500;
+  w.max_batch = 4;
+  w.state_every = 5;
+  w.seed = 71;
+  spec_run<dh::layouts::tiny, dh::lru_hot_cache<16>, dh::staging_arenas<2>>(cfg, w, "tiny/B16/K4/arenas2").run();
+}
+
+TEST_CASE("cuda verify with shared staging arenas matches the host: packed rows, B=64, 12-row tail, K_max 7",
+          "[gpu][verify][differential][staging][packed]") {
+  require_device();
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 5;
+  cfg.max_rows = 400;
+  cfg.optional_pages = 8;
+  cfg.tail_rows = 12;
+  cfg.max_block = 7;
+  spec_workload w;
+  w.rounds = 1500;
+  w.max_batch = 5;
+  w.state_every = 7;
+  w.seed = 72;
+  spec_run<layout_packed, dh::lru_hot_cache<64>, dh::staging_arenas<3>>(cfg, w, "packed/B64/K7/arenas3").run();
+}
+
+TEST_CASE("shared staging arenas: memory is chi arenas of the widest row; pools lose their staging rows",
+          "[gpu][verify][staging]") {
+  using L = dh::layouts::tiny;
+  using Ded = dhc::hierarchy<L, dh::lru_hot_cache<16>>;
+  using Sh = dhc::hierarchy<L, dh::lru_hot_cache<16>, dh::fixed_budget_policy, dh::staging_arenas<2>>;
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 8;
+  cfg.max_rows = 4096;
+  cfg.max_block = 8;
+  const std::size_t per_slot = cfg.max_block * L::top_k;
+  CHECK(Ded::staging_arena_bytes(cfg) == 0);
+  CHECK(Sh::staging_arena_bytes(cfg) == dh::staging_arenas<2>::bytes(8, 8, L::top_k, 64));
+  std::size_t dedicated_staging = 0;
+  for (const auto& d : L::sources) dedicated_staging += d.payload_layers * cfg.max_requests * per_slot * d.row_bytes;
+  const auto ded = Ded::requirements(cfg), sh = Sh::requirements(cfg);
+  // pools shrink by every layer's staging (up to 256-byte alignment per layer), arenas add M_stage
+  const long long delta = static_cast<long long>(ded.device_bytes) - static_cast<long long>(sh.device_bytes);
+  const long long want = static_cast<long long>(dedicated_staging) - static_cast<long long>(Sh::staging_arena_bytes(cfg));
+  CHECK(std::llabs(delta - want) <= 4096);
+  CHECK(ded.pinned_bytes == sh.pinned_bytes);
+}
+
+TEST_CASE("shared staging arenas: a verify on another stream waits on the device for the release",
+          "[gpu][verify][staging]") {
+  require_device();
+  using L = dh::layouts::tiny;
+  using H = dhc::hierarchy<L, dh::lru_hot_cache<16>, dh::fixed_budget_policy, dh::staging_arenas<2>>;
+  constexpr std::size_t K = L::top_k, KM = 4, S = dh::source_count<L>;
+  dh::hierarchy_config cfg;
+  cfg.max_requests = 2;
+  cfg.max_rows = 256;
+  cfg.max_block = KM;
+  H dev(cfg);
+  const request_id id = 5;
+  REQUIRE(dev.admit(id).admitted);
+  const std::size_t prompt = 200;
+  for (std::size_t s = 0; s < S; ++s) {
+    dev.append(id, s, std::span<const std::byte>(make_rows<L>(id, s, 0, prompt)), prompt);
+    const auto block = make_rows<L>(id, s, prompt, KM);  // the block rows carry the same content rule
+    dev.stage_block(id, s, std::span<const std::byte>(block), KM);
+  }
+  // K_max queries of 16 distinct old rows each: a 64-row union, 48 rows past the 16-row hot cache
+  std::vector<row_index> sel(KM * K);
+  for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<row_index>(i * 3);
+  dhc::device_buffer<row_index> dsel(sel.size());
+  dhc::device_buffer<location> dloc0(sel.size()), dloc1(sel.size());
+  DHTEST_CUDA(cudaMemcpy(dsel.data(), sel.data(), sel.size() * sizeof(row_index), cudaMemcpyHostToDevice));
+  const auto items = [&](location* out) {
+    std::vector<dhc::verify_query> q;
+    for (std::size_t j = 0; j < KM; ++j) q.push_back({dsel.data() + j * K, static_cast<std::int32_t>(K), out + j * K});
+    return q;
+  };
+  cudaStream_t a = nullptr, b = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  const auto read = [&](const dhc::device_buffer<location>& d) {
+    std::vector<location> v(sel.size());
+    DHTEST_CUDA(cudaMemcpy(v.data(), d.data(), v.size() * sizeof(location), cudaMemcpyDeviceToHost));
+    return v;
+  };
+  const auto check_rows = [&](std::size_t s, const std::vector<location>& locs, std::size_t& staged) {
+    const auto& d = L::sources[s];
+    std::vector<std::byte> want(d.row_bytes);
+    for (std::size_t i = 0; i < sel.size(); ++i) {
+      if (static_cast<std::size_t>(locs[i]) >= dev.space().staging_begin()) ++staged;
+      for (std::size_t l = 0; l < d.payload_layers; ++l) {
+        fill_row(want.data(), d.row_bytes, id, s, l, sel[i]);
+        REQUIRE(dev.payload_row(s, l, locs[i]) == want);
+      }
+    }
+  };
+
+  const auto q0 = items(dloc0.data());
+  const std::array<dhc::verify_batch_item, 1> batch0{{{id, q0}}};
+  dev.verify(0, std::span<const dhc::verify_batch_item>(batch0), a);
+  wait_or_die(a, "verify of source 0");
+  dev.check_errors(a);
+  const auto locs0 = read(dloc0);
+  std::size_t staged0 = 0;
+  check_rows(0, locs0, staged0);
+  CHECK(staged0 == KM * K - 16);
+
+  // source 0's attention still reads the arenas on stream a (held by the gate) when it releases them
+  gate g;
+  g.close(a);
+  dev.release_staging(0, a);
+  const auto q1 = items(dloc1.data());
+  const std::array<dhc::verify_batch_item, 1> batch1{{{id, q1}}};
+  dev.verify(1, std::span<const dhc::verify_batch_item>(batch1), b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  REQUIRE(g.closed());
+  CHECK(cudaStreamQuery(b) == cudaErrorNotReady);  // the verify of source 1 waits for the release
+  g.open();
+  wait_or_die(b, "verify of source 1");
+  dev.check_errors(b);
+  std::size_t staged1 = 0;
+  check_rows(1, read(dloc1), staged1);
+  CHECK(staged1 == KM * K - 16);
+  CHECK_THROWS_AS(dev.payload_row(0, 0, locs0.back()), dh::staging_not_held);
+  // source 0's hot rows kept their bytes: they never lived in the arenas
+  std::size_t hot0 = 0;
+  for (std::size_t i = 0; i < sel.size(); ++i)
+    if (static_cast<std::size_t>(locs0[i]) < dev.space().staging_begin()) {
+      ++hot0;
+      for (std::size_t l = 0; l < L::sources[0].payload_layers; ++l) {
+        std::vector<std::byte> want(L::sources[0].row_bytes);
+        fill_row(want.data(), want.size(), id, 0, l, sel[i]);
+        REQUIRE(dev.payload_row(0, l, locs0[i]) == want);
+      }
+    }
+  CHECK(hot0 == 16);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
 }

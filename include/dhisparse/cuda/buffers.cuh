@@ -91,6 +91,32 @@ class pinned_buffer {
 };
 
 namespace detail {
+/// An owned CUDA event (created with `flags`; empty when default-constructed).
+class unique_event {
+ public:
+  unique_event() = default;
+  explicit unique_event(unsigned flags) { DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&event_, flags)); }
+  unique_event(const unique_event&) = delete;
+  unique_event& operator=(const unique_event&) = delete;
+  unique_event(unique_event&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+  unique_event& operator=(unique_event&& o) noexcept {
+    if (this != &o) {
+      if (event_ != nullptr) cudaEventDestroy(event_);
+      event_ = o.event_;
+      o.event_ = nullptr;
+    }
+    return *this;
+  }
+  ~unique_event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  [[nodiscard]] cudaEvent_t get() const { return event_; }
+  explicit operator bool() const { return event_ != nullptr; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 /// Carves aligned sub-ranges out of one allocation (two-phase sizing: run once with no base to
 /// learn the size, then again over the allocation).
 class carver {

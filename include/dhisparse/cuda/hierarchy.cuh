@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "../detail/request_registry.hpp"
+#include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
@@ -46,6 +47,7 @@
 #include "../location_space.hpp"
 #include "../policies/hot_cache.hpp"
 #include "../policies/residency.hpp"
+#include "../policies/staging_arena.hpp"
 #include "../resolver.hpp"
 #include "../types.hpp"
 #include "batch.cuh"
@@ -81,9 +83,13 @@ struct memory_requirements {
   std::size_t pinned_bytes = 0;  ///< page-locked host memory: host stores and staging
 };
 
-template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy>
+template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy,
+          StagingArenaPolicy Staging = dedicated_staging>
 class hierarchy {
   static_assert(check_layout<Layout>());
+  static_assert(!Staging::shared || Staging::arenas >= max_payload_layers_per_source<Layout>(),
+                "dhisparse: staging_arenas<chi> needs chi >= the most payload layers of one source (a verify "
+                "stages every payload layer of its source at once, layer l in arena l)");
   static_assert(Layout::top_k <= Hot::rows,
                 "dhisparse: HotCache<B> must hold at least top_k rows (B >= top_k) so one selection always fits");
   static_assert(Hot::rows < static_cast<std::size_t>(static_cast<typename Hot::order_index>(~typename Hot::order_index(0))),
@@ -95,6 +101,7 @@ class hierarchy {
   using batch_item = cuda::batch_item;
   using hot_cache = Hot;
   using residency = Residency;
+  using staging = Staging;
   using order_index = typename Hot::order_index;
   static constexpr std::size_t sources = source_count<Layout>;
   static constexpr std::size_t hot_rows = Hot::rows;
@@ -115,9 +122,17 @@ class hierarchy {
                                                    Layout::sources[s].row_bytes, c.host_pages);
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
+    r.device_bytes += staging_arena_bytes(c);
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
     if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
     return r;
+  }
+
+  /// Bytes of the shared staging arenas for `cfg` (`staging_arenas<chi>`: chi * N * K_max * k rows of
+  /// the widest row, M_stage; 0 with dedicated staging or without speculation).
+  static std::size_t staging_arena_bytes(const hierarchy_config& cfg) {
+    const hierarchy_config c = normalised(cfg);
+    return Staging::arenas * arena_stride(c);
   }
 
   /// Allocates and initialises everything (synchronises `stream` before returning).
@@ -153,6 +168,11 @@ class hierarchy {
       verify_slots_.assign(cfg_.max_requests, 0);
     }
     stamp_.assign(cfg_.max_requests, 0);
+    if (const std::size_t arena_bytes = staging_arena_bytes(cfg_); arena_bytes > 0) {
+      arenas_ = device_buffer<std::byte>(arena_bytes);
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(arenas_.data(), 0, arena_bytes, stream_));
+      arena_free_ = detail::unique_event(cudaEventDisableTiming);
+    }
 
     for (std::size_t s = 0; s < sources; ++s) build_source(s);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -185,6 +205,9 @@ class hierarchy {
   /// Largest batch whose copies start early, in selection order (a tuning switch; default 16,
   /// 0 turns early copies off): see resolve_params::early_copy_max_batch.
   void set_early_copy_max_batch(unsigned entries) { early_copy_max_batch_ = entries; }
+  /// CTAs a resolve launches (a tuning switch): 0 = the whole persistent grid (default), else at
+  /// most `ctas`. The kernel is correct for any grid; fewer CTAs launch and retire sooner.
+  void set_resolver_ctas(unsigned ctas) { resolver_ctas_ = ctas; }
 
   // ------------------------------------------------------------------ admission
 
@@ -377,6 +400,32 @@ class hierarchy {
     src.layer_pending[layer] = false;
   }
   void copy_follower(std::size_t source, std::size_t layer) { copy_follower(source, layer, stream_); }
+
+  /// Releases the shared staging arenas held by `source` (`staging_arenas<chi>`): every attention
+  /// consumer of its last verify was enqueued on `stream` before this call, so the next source's
+  /// verify may overwrite the arenas once `stream` reaches this point (a verify on another stream
+  /// waits for it on the device; no host synchronisation). Staging locations of `source` are
+  /// invalid afterwards. Rows the round admitted to the hot cache were written at their stable
+  /// hot-cache addresses by the verify itself, so no copy-back is needed (docs/speculative.md,
+  /// "Shared staging arenas"). Throws staging_not_held if `source` does not hold the arenas,
+  /// pending_follower_copies before its followers replayed the plan. With `dedicated_staging` it
+  /// only checks `source`. Capturable.
+  void release_staging(std::size_t source, cudaStream_t stream) {
+    check_source(source);
+    if constexpr (Staging::shared) {
+      staging_.check_release(source);
+      check_followers_copied(source, "released its staging");
+      if (arena_free_) DHISPARSE_CUDA_TRY(cudaEventRecord(arena_free_.get(), stream));
+      release_stream_ = stream;
+      staging_.release();
+    }
+  }
+  void release_staging(std::size_t source) { release_staging(source, stream_); }
+  /// Source holding the shared staging arenas, if any (always none with dedicated staging).
+  [[nodiscard]] std::optional<std::size_t> staging_holder() const { return staging_.holder(); }
+  /// Rows of each payload layer's pool (`pool(s, l)`): every location, less the staging rows when
+  /// they live in shared arenas.
+  [[nodiscard]] std::size_t pool_rows() const { return Staging::shared ? space_.staging_begin() : space_.rows(); }
 
   /// Synchronises `stream` and throws the typed error of the first bad batch entry of the first
   /// failing launch (any source) since the last check, naming request, batch entry and
@@ -665,10 +714,8 @@ class hierarchy {
                                     "capture verify(source, verify_batch_view, stream) instead");
     }
     auto& src = src_[source];
-    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
-      if (src.layer_pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
+    check_followers_copied(source, "verified");
+    staging_.check_verify(source);
     if (++stamp_epoch_ == 0) {
       std::fill(stamp_.begin(), stamp_.end(), 0u);
       stamp_epoch_ = 1;
@@ -715,10 +762,12 @@ class hierarchy {
     v.capacity = n;
     const std::uint32_t layers =
         mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    wait_for_staging_release(stream);
     DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
         src.view, src.vws, v, layers, static_cast<std::uint32_t>(top_k),
         static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
         stream)));
+    staging_.acquire(source);
     for (std::uint32_t e = 0; e < n; ++e) src.verified[slots[e]] = batch[e].queries.size();
     if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
@@ -737,10 +786,8 @@ class hierarchy {
               copy_layers mode = copy_layers::all) {
     check_speculative(source);
     auto& src = src_[source];
-    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
-      if (src.layer_pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " verified before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
+    check_followers_copied(source, "verified");
+    staging_.check_verify(source);
     if (batch.count == nullptr || batch.slots == nullptr || batch.queries == nullptr || batch.lengths == nullptr ||
         batch.selection_ptrs == nullptr || batch.location_ptrs == nullptr)
       throw size_mismatch("verify_batch_view needs device count, slots, queries, lengths and pointer arrays");
@@ -751,10 +798,12 @@ class hierarchy {
                           std::to_string(cfg_.max_requests));
     const std::uint32_t layers =
         mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
+    wait_for_staging_release(stream);
     DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
         src.view, src.vws, batch, layers, static_cast<std::uint32_t>(top_k),
         static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
         stream)));
+    staging_.acquire(source);
     src.device_rounds = true;
     if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
@@ -880,7 +929,8 @@ class hierarchy {
 
   // ------------------------------------------------------------------ views and inspection
 
-  /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes`.
+  /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes`, except
+  /// staging locations with shared arenas (`view(s).row_address(l, loc)` covers both).
   [[nodiscard]] std::byte* pool(std::size_t source, std::size_t layer) const {
     check_layer(source, layer);
     return src_[source].layer_ptrs[layer];
@@ -902,19 +952,33 @@ class hierarchy {
     const std::size_t rb = Layout::sources[source].row_bytes;
     if (loc < 0 || static_cast<std::size_t>(loc) >= space_.rows())
       throw position_out_of_range("location " + std::to_string(loc) + " outside the pool");
+    const auto at = static_cast<std::size_t>(loc);
+    const bool staged = at >= space_.staging_begin();
+    if (staged) staging_.check_read(source);
+    const std::byte* row = staged ? src_[source].staging_ptrs[layer] + (at - space_.staging_begin()) * rb
+                                  : pool(source, layer) + at * rb;
     std::vector<std::byte> out(rb);
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), pool(source, layer) + static_cast<std::size_t>(loc) * rb, rb,
-                                  cudaMemcpyDeviceToHost));
+    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), row, rb, cudaMemcpyDeviceToHost));
     return out;
   }
-  /// Copies a whole payload layer's pool (space().rows() * row_bytes bytes; synchronises).
+  /// Copies a whole payload layer's pool (pool_rows() * row_bytes bytes; synchronises).
   void copy_pool(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
     check_layer(source, layer);
-    const std::size_t bytes = space_.rows() * Layout::sources[source].row_bytes;
+    const std::size_t bytes = pool_rows() * Layout::sources[source].row_bytes;
     if (out.size() != bytes) throw size_mismatch("copy_pool needs " + std::to_string(bytes) + " bytes");
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
     DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), pool(source, layer), bytes, cudaMemcpyDeviceToHost));
+  }
+  /// Copies a payload layer's staging rows, the locations from space().staging_begin() on
+  /// (slots * staging_rows rows; synchronises). With shared arenas only while `source` holds them.
+  void copy_staging(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
+    check_layer(source, layer);
+    staging_.check_read(source);
+    const std::size_t bytes = space_.slots * space_.staging_rows * Layout::sources[source].row_bytes;
+    if (out.size() != bytes) throw size_mismatch("copy_staging needs " + std::to_string(bytes) + " bytes");
+    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), src_[source].staging_ptrs[layer], bytes, cudaMemcpyDeviceToHost));
   }
   /// The host copy of a row in the pinned store (valid once the appending stream has synchronised).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
@@ -951,6 +1015,7 @@ class hierarchy {
     workspace_view ws{};
     std::byte* eager = nullptr;            // device batch descriptor of eager resolves
     std::vector<std::byte*> layer_ptrs;    // host copy of the per-layer pool bases
+    std::vector<std::byte*> staging_ptrs;  // host copy of the per-layer staging bases (pool or shared arena)
     std::vector<bool> layer_pending;
     // speculative verification (max_block > 1)
     verify_workspace_view vws{};
@@ -962,7 +1027,7 @@ class hierarchy {
     bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
   };
   struct offsets {
-    std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
+    std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, staging_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
                 host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
     std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
@@ -996,10 +1061,12 @@ class hierarchy {
     const std::size_t cap = c.max_requests;
     detail::carver k;
     offsets o;
-    o.layer_stride = (sp.rows() * d.row_bytes + detail::carver::alignment - 1) / detail::carver::alignment *
+    const std::size_t rows = Staging::shared ? sp.staging_begin() : sp.rows();  // shared: staging in the arenas
+    o.layer_stride = (rows * d.row_bytes + detail::carver::alignment - 1) / detail::carver::alignment *
                      detail::carver::alignment;
     o.pool = k.take<std::byte>(o.layer_stride * d.payload_layers);
     o.layer_ptrs = k.take<std::byte*>(d.payload_layers);
+    o.staging_ptrs = k.take<std::byte*>(d.payload_layers);
     o.hot_row = k.take<row_index>(cap * hot_rows);
     o.order = k.take<order_index>(cap * hot_rows);
     o.frontier = k.take<std::int64_t>(cap);
@@ -1050,6 +1117,12 @@ class hierarchy {
   };
   /// Pool geometry: with K_max > 1 the tail ring holds T + K_max rows and every slot K_max * top_k
   /// staging rows (the host reference's layout, so locations agree).
+  /// Bytes of one shared staging arena (aligned): N * K_max * k rows of the widest row.
+  static std::size_t arena_stride(const hierarchy_config& c) {
+    if (!Staging::shared || c.max_block < 2) return 0;
+    const std::size_t bytes = c.max_requests * c.max_block * top_k * widest_row_bytes<Layout>();
+    return (bytes + detail::carver::alignment - 1) / detail::carver::alignment * detail::carver::alignment;
+  }
   static location_space make_space(const hierarchy_config& c) {
     const bool spec = c.max_block > 1;
     return location_space{c.max_requests, hot_rows, c.tail_rows + (spec ? c.max_block : 0), c.optional_pages,
@@ -1085,6 +1158,20 @@ class hierarchy {
     const std::size_t m = Layout::sources[source].positions_per_row;
     const std::size_t b = speculative() ? src_[source].partial[slot] : 0;
     return count == 0 ? 0 : (b + count - 1) / m + 1;
+  }
+  /// A source's follower layers must have replayed the last plan before its cache state moves on.
+  void check_followers_copied(std::size_t source, const char* call) const {
+    const auto& pending = src_[source].layer_pending;
+    for (std::size_t l = 0; l < pending.size(); ++l)
+      if (pending[l])
+        throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
+                                      std::to_string(l) + " copied the previous plan");
+  }
+  /// Shared arenas: a verify on another stream than the last release waits for that release.
+  void wait_for_staging_release(cudaStream_t stream) {
+    if constexpr (Staging::shared)
+      if (arena_free_ && release_stream_ != stream)
+        DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, arena_free_.get(), 0));
   }
   void check_speculative(std::size_t source) const {
     check_source(source);
@@ -1239,10 +1326,18 @@ class hierarchy {
                                                  src.pinned.span()));
 
     src.layer_ptrs.resize(d.payload_layers);
-    for (std::size_t l = 0; l < d.payload_layers; ++l) src.layer_ptrs[l] = base + o.pool + l * o.layer_stride;
+    src.staging_ptrs.resize(d.payload_layers);
+    for (std::size_t l = 0; l < d.payload_layers; ++l) {
+      src.layer_ptrs[l] = base + o.pool + l * o.layer_stride;
+      // Layer l stages in its own pool, or in shared arena l (whichever source holds the arenas).
+      src.staging_ptrs[l] = Staging::shared ? arenas_.data() + l * arena_stride(cfg_)
+                                            : src.layer_ptrs[l] + space_.staging_begin() * d.row_bytes;
+    }
     // Same stream as the memset above (pageable source: staged before the call returns).
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(base + o.layer_ptrs, src.layer_ptrs.data(), d.payload_layers * sizeof(std::byte*),
                                        cudaMemcpyHostToDevice, stream_));
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(base + o.staging_ptrs, src.staging_ptrs.data(),
+                                       d.payload_layers * sizeof(std::byte*), cudaMemcpyHostToDevice, stream_));
 
     view_type& v = src.view;
     v.space = space_;
@@ -1255,6 +1350,7 @@ class hierarchy {
     v.live = live_buffer_.data();
     v.host_store = src.pinned.device_data();
     v.layer_pool = reinterpret_cast<std::byte* const*>(base + o.layer_ptrs);
+    v.staging_pool = reinterpret_cast<std::byte* const*>(base + o.staging_ptrs);
     v.page_bytes = src.books.store().page_bytes();
     v.max_rows = static_cast<std::int64_t>(cfg_.max_rows);
     v.row_bytes = static_cast<std::uint32_t>(d.row_bytes);
@@ -1356,7 +1452,9 @@ class hierarchy {
     p.rows_per_warp = rows_per_warp_;
     p.early_copy_max_batch = early_copy_max_batch_;
     DHISPARSE_CUDA_TRY(
-        (detail::launch_fused_resolve<resolve_traits, order_index>(src.view, src.ws, v, p, grid_, stream)));
+        (detail::launch_fused_resolve<resolve_traits, order_index>(
+            src.view, src.ws, v, p,
+            resolver_ctas_ == 0 ? grid_ : std::min(grid_, static_cast<int>(resolver_ctas_)), stream)));
     if (mode == copy_layers::producer_only)
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
   }
@@ -1415,9 +1513,14 @@ class hierarchy {
   int pageable_access_ = 0;
   unsigned copy_warps_ = 0, rows_per_warp_ = 2;
   unsigned early_copy_max_batch_ = resolve_params{}.early_copy_max_batch;
+  unsigned resolver_ctas_ = 0;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)
+  device_buffer<std::byte> arenas_;   // staging_arenas<chi>: chi arenas of arena_stride bytes (K_max > 1)
+  detail::unique_event arena_free_;   // recorded by release_staging: the arenas' last readers are done
+  cudaStream_t release_stream_{};     // stream of the last release
+  dhisparse::detail::staging_holder<Staging> staging_;
   std::vector<std::size_t> verify_slots_;  // slots of the verify batch being validated
   std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_epoch_ = 0;

@@ -79,6 +79,7 @@ struct source_view {
   const std::uint32_t* live = nullptr;      ///< [slots] non-zero while a request holds the slot
   std::byte* host_store = nullptr;          ///< device address of the mapped pinned host store
   std::byte* const* layer_pool = nullptr;   ///< [layers] device base of each payload layer's pool
+  std::byte* const* staging_pool = nullptr; ///< [layers] device base of each layer's staging rows (in its pool, or its shared arena)
   std::uint64_t page_bytes = 0;             ///< host-store bytes per page (all layers)
   std::int64_t max_rows = 0;                ///< history capacity per request
   std::uint32_t row_bytes = 0;              ///< bytes per row (multiple of 16)
@@ -86,6 +87,14 @@ struct source_view {
   std::uint32_t page_rows = 0;              ///< rows per page
   std::uint32_t tail_rows = 0;              ///< T
   std::uint32_t pages_per_request = 0;      ///< ceil(max_rows / page_rows)
+
+  /// Device address of location `loc` in payload layer `layer`: the layer's pool, or for a
+  /// staging location its staging rows (which `staging_arenas<chi>` keeps outside the pool).
+  DHISPARSE_HD std::byte* row_address(unsigned layer, location loc) const {
+    const auto at = static_cast<std::size_t>(loc);
+    const std::size_t first_staging = space.staging_begin();
+    return at >= first_staging ? staging_pool[layer] + (at - first_staging) * row_bytes : layer_pool[layer] + at * row_bytes;
+  }
 };
 
 /// The resolver's per-source scratch and results (capacity = max_requests batch entries).

@@ -16,7 +16,8 @@
 /// Speculative verification (hierarchy_config::max_block = K_max > 1; docs/speculative.md):
 /// `stage_block` writes a tentative block (anchor + proposals) into the tail ring past the
 /// committed window, `verify` resolves K_r queries of one round against one retrieval union (hot
-/// cache first, overflow into per-slot staging), `commit` publishes the anchor and the accepted
+/// cache first, overflow into staging: per payload layer with `dedicated_staging`, or the shared
+/// arenas of `staging_arenas<chi>`, held by the verified source until `release_staging`), `commit` publishes the anchor and the accepted
 /// proposals into the host store and moves the frontier. With K_max = 1 nothing changes.
 /// Packed sources (m = positions_per_row > 1) count the block in token positions: a stored row
 /// joins the history only once its m positions are committed, the partially filled boundary row
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -35,6 +37,7 @@
 #include "../detail/history_books.hpp"
 #include "../detail/lru_order.hpp"
 #include "../detail/request_registry.hpp"
+#include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
 #include "../hierarchy_types.hpp"
 #include "../errors.hpp"
@@ -42,6 +45,7 @@
 #include "../location_space.hpp"
 #include "../policies/hot_cache.hpp"
 #include "../policies/residency.hpp"
+#include "../policies/staging_arena.hpp"
 #include "../types.hpp"
 #include "../resolver.hpp"
 #include "host_store.hpp"
@@ -49,17 +53,22 @@
 
 namespace dhisparse {
 
-template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy>
+template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy,
+          StagingArenaPolicy Staging = dedicated_staging>
 class host_hierarchy {
   static_assert(check_layout<Layout>());
   static_assert(Layout::top_k <= Hot::rows,
                 "dhisparse: HotCache<B> must hold at least top_k rows (B >= top_k) so one selection always fits");
+  static_assert(!Staging::shared || Staging::arenas >= max_payload_layers_per_source<Layout>(),
+                "dhisparse: staging_arenas<chi> needs chi >= the most payload layers of one source (a verify "
+                "stages every payload layer of its source at once, layer l in arena l)");
 
  public:
   using layout = Layout;
   using batch_item = resolve_item;
   using hot_cache = Hot;
   using residency = Residency;
+  using staging = Staging;
   using order_index = typename Hot::order_index;
   static constexpr std::size_t sources = source_count<Layout>;
   static constexpr std::size_t hot_rows = Hot::rows;
@@ -80,11 +89,14 @@ class host_hierarchy {
       src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                         host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
                                                    src.host_bytes));
-      src.pool.assign(d.payload_layers, std::vector<std::byte>(space_.rows() * d.row_bytes));
+      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows() * d.row_bytes));
       src.layer_pending.assign(d.payload_layers, false);
       src.state.resize(cfg_.max_requests);
       for (auto& st : src.state) reset_hot(st);
     }
+    if constexpr (Staging::shared)
+      arenas_.assign(Staging::arenas,
+                     std::vector<std::byte>(cfg_.max_requests * staging_rows * widest_row_bytes<Layout>()));
   }
 
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
@@ -234,8 +246,10 @@ class host_hierarchy {
     check_speculative(source);
     auto& src = src_[source];
     check_followers_copied(source, "verified");
+    staging_.check_verify(source);
     const auto slots = batch_slots(batch, "verify",
                                    [&](std::size_t slot, const verify_item& item) { validate_round(source, slot, item); });
+    staging_.acquire(source);
     src.plan.clear();
     verify_stats total;
     for (std::size_t b = 0; b < batch.size(); ++b) {
@@ -320,6 +334,36 @@ class host_hierarchy {
     return src.plan.size() * d.row_bytes;
   }
 
+  /// Releases the shared staging arenas held by `source` (`staging_arenas<chi>`): the engine says
+  /// that every attention consumer of its last verify has finished, so the next source's verify may
+  /// overwrite the arenas. Its staging locations are invalid afterwards; rows the round admitted to
+  /// the hot cache were written at their stable hot-cache addresses by the verify itself, so no
+  /// copy-back is needed (docs/speculative.md, "Shared staging arenas"). Throws staging_not_held if
+  /// `source` does not hold them, pending_follower_copies before its followers replayed the plan.
+  /// With `dedicated_staging` it only checks `source`.
+  void release_staging(std::size_t source) {
+    check_source(source);
+    if constexpr (Staging::shared) {
+      staging_.check_release(source);
+      check_followers_copied(source, "released its staging");
+      staging_.release();
+    }
+  }
+  /// Source holding the shared staging arenas, if any (always none with dedicated staging).
+  [[nodiscard]] std::optional<std::size_t> staging_holder() const { return staging_.holder(); }
+  /// Bytes of the simulated GPU memory: every payload layer's pool, and the shared arenas.
+  [[nodiscard]] std::size_t pool_bytes() const {
+    std::size_t n = 0;
+    for (const auto& src : src_)
+      for (const auto& layer : src.pool) n += layer.size();
+    return n;
+  }
+  [[nodiscard]] std::size_t staging_arena_bytes() const {
+    std::size_t n = 0;
+    for (const auto& a : arenas_) n += a.size();
+    return n;
+  }
+
   /// Copies of the last resolve on a source, in the order they were made.
   [[nodiscard]] std::span<const planned_copy> last_plan(std::size_t source) const {
     check_source(source);
@@ -372,8 +416,12 @@ class host_hierarchy {
       throw position_out_of_range("location " + std::to_string(loc) + " outside the pool's " +
                                   std::to_string(space_.rows()) + " rows");
     const auto& d = Layout::sources[source];
-    return std::span<const std::byte>(src_[source].pool[layer]).subspan(static_cast<std::size_t>(loc) * d.row_bytes,
-                                                                        d.row_bytes);
+    const auto at = static_cast<std::size_t>(loc);
+    if (Staging::shared && at >= space_.staging_begin()) {
+      staging_.check_read(source);
+      return std::span<const std::byte>(arenas_[layer]).subspan((at - space_.staging_begin()) * d.row_bytes, d.row_bytes);
+    }
+    return std::span<const std::byte>(src_[source].pool[layer]).subspan(at * d.row_bytes, d.row_bytes);
   }
   /// The host copy of a row (what recovery reads).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
@@ -534,7 +582,16 @@ class host_hierarchy {
                            "'s " + std::to_string(Layout::sources[source].payload_layers));
   }
   std::byte* pool_row(std::size_t source, std::size_t layer, location loc) {
-    return src_[source].pool[layer].data() + static_cast<std::size_t>(loc) * Layout::sources[source].row_bytes;
+    const auto at = static_cast<std::size_t>(loc);
+    const std::size_t row_bytes = Layout::sources[source].row_bytes;
+    if (Staging::shared && at >= space_.staging_begin())
+      return arenas_[layer].data() + (at - space_.staging_begin()) * row_bytes;  // layer l stages in arena l
+    return src_[source].pool[layer].data() + at * row_bytes;
+  }
+  /// Rows each payload layer's pool holds: the whole location range, less the staging rows when
+  /// they live in shared arenas.
+  [[nodiscard]] std::size_t pool_rows() const {
+    return Staging::shared ? space_.staging_begin() : space_.rows();
   }
 
   resolve_stats resolve_one(std::size_t source, std::size_t slot, std::span<const row_index> selection,
@@ -696,6 +753,8 @@ class host_hierarchy {
   detail::request_registry registry_;
   location_space space_{};
   std::array<source_data, sources> src_;
+  std::vector<std::vector<std::byte>> arenas_;  // staging_arenas<chi>: chi arenas, widest rows
+  detail::staging_holder<Staging> staging_;
 };
 
 static_assert(FusedResolver<host_hierarchy<layouts::tiny, lru_hot_cache<16>>>);

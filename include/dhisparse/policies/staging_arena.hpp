@@ -1,8 +1,15 @@
 #pragma once
 /// \file
-/// StagingArena<chi>: verification staging reused across layer groups. With chi payload sources
-/// live at once, N request slots, K_max queries of top-k k and d_KV-byte rows, the reservation is
-/// M_stage = chi * N * K_max * k * d_KV.
+/// Staging policies: where a verification round puts the rows its union adds beyond the hot cache
+/// (paper §3.4). Chosen at compile time as the hierarchies' fourth template argument.
+///
+/// * `dedicated_staging` — every payload layer of every source keeps K_max * k staging rows per
+///   request slot at the end of its own pool. Nothing to acquire or release.
+/// * `staging_arenas<chi>` — chi arenas, each N * K_max * k rows of the layout's widest row, shared
+///   by all sources: the source being verified holds them (payload layer l writes arena l) until
+///   the engine releases them after that source's attention consumers have finished; the next
+///   source's verify then reuses them. M_stage = chi * N * K_max * k * d_KV instead of one
+///   reservation per payload layer (GLM-5.3: 4 arenas instead of 78).
 #include <concepts>
 #include <cstddef>
 
@@ -11,18 +18,35 @@ namespace dhisparse {
 /// Requirements on a staging policy type.
 template <class S>
 concept StagingArenaPolicy = requires(std::size_t n) {
+  { S::shared } -> std::convertible_to<bool>;
   { S::arenas } -> std::convertible_to<std::size_t>;
   { S::bytes(n, n, n, n) } -> std::convertible_to<std::size_t>;
 };
 
-/// chi arenas, each bounded by K_max * k rows per live request slot.
+/// Staging rows inside each payload layer's pool (no sharing; `bytes` counts no shared arena).
+struct dedicated_staging {
+  static constexpr bool shared = false;
+  static constexpr std::size_t arenas = 0;  ///< none shared: one region per payload layer, in its pool
+  /// Rows one payload layer reserves for one request slot.
+  static constexpr std::size_t rows_per_slot(std::size_t max_block, std::size_t top_k) {
+    return max_block > 1 ? max_block * top_k : 0;
+  }
+  /// Bytes of shared arenas: none (the rows are part of every pool).
+  static constexpr std::size_t bytes(std::size_t, std::size_t, std::size_t, std::size_t) { return 0; }
+};
+static_assert(StagingArenaPolicy<dedicated_staging>);
+
+/// chi arenas shared by every source, each bounded by K_max * k rows per request slot.
 template <std::size_t Chi>
 struct staging_arenas {
   static_assert(Chi > 0, "dhisparse: StagingArena<chi> needs chi >= 1");
+  static constexpr bool shared = true;
   static constexpr std::size_t arenas = Chi;
   /// Rows one arena reserves for one request slot.
-  static constexpr std::size_t rows_per_slot(std::size_t max_block, std::size_t top_k) { return max_block * top_k; }
-  /// M_stage for `slots` request slots.
+  static constexpr std::size_t rows_per_slot(std::size_t max_block, std::size_t top_k) {
+    return max_block > 1 ? max_block * top_k : 0;
+  }
+  /// M_stage for `slots` request slots and the widest row `row_bytes`.
   static constexpr std::size_t bytes(std::size_t slots, std::size_t max_block, std::size_t top_k, std::size_t row_bytes) {
     return Chi * slots * rows_per_slot(max_block, top_k) * row_bytes;
   }
