@@ -1,0 +1,169 @@
+// Probe: the floor of a one-request (C = 1) resolve step with ~0 misses on this machine, measured
+// the way bench_cuda_resolver measures it (CUDA events around one launch, L2 flushed by a 256 MiB
+// memset before every launch, median of 200). Each kernel is one 1024-thread CTA doing only the
+// dependent work any exact resolver must do, and nothing else:
+//   index      read the slot and the 2048-entry selection, write 2048 locations (resident serving)
+//   lookups    + per entry, dependent loads of its page-table entry and reverse-map entry
+//   lru        + load the slot's 4096-entry LRU order, one block scan, write it back
+//   copies     + copy 2 fresh 576-byte rows from pinned host memory into the pool after the lookups
+//   no-lru     lookups and the 2 host rows, without the LRU scan
+//   overlap    all of it, the host loads issued before the LRU scan (their latency hidden by it)
+// Not part of the build:
+//   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
+#include <cuda_runtime.h>
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                  \
+  do {                                                                         \
+    cudaError_t e = (x);                                                       \
+    if (e != cudaSuccess) {                                                    \
+      std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+constexpr int kBlock = 1024, kTopK = 2048, kHot = 4096, kRows = 100'000, kPageRows = 64, kRowBytes = 576;
+constexpr int kPerThread = kTopK / kBlock, kWaysPerThread = kHot / kBlock;
+
+struct state {
+  const int* slot;             // [1]
+  const int* selection;        // [kTopK]
+  int* locations;              // [kTopK]
+  const int* page_table;       // [kRows / kPageRows + 1]
+  const unsigned short* rmap;  // [kRows] hot way of each row, 0xFFFF if none
+  unsigned short* order;       // [kHot]
+  const int4* host;            // pinned, mapped: kRows rows
+  int4* pool;                  // device rows
+};
+
+template <int Stage>  // 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU scan
+__global__ void __launch_bounds__(kBlock) step(state s) {
+  using scan_t = cub::BlockScan<int, kBlock>;
+  __shared__ typename scan_t::TempStorage scan;
+  __shared__ int miss_rows[2];
+  const int tid = threadIdx.x;
+  const int slot = __ldcg(s.slot);
+  int e[kPerThread], loc[kPerThread];
+  for (int k = 0; k < kPerThread; ++k) e[k] = __ldcg(s.selection + slot * kTopK + tid + k * kBlock);
+  for (int k = 0; k < kPerThread; ++k) loc[k] = e[k];
+  if (Stage >= 1) {
+    for (int k = 0; k < kPerThread; ++k) {
+      const int page = __ldcg(s.page_table + e[k] / kPageRows);
+      const unsigned way = __ldcg(s.rmap + e[k]);
+      loc[k] = way != 0xFFFFu ? static_cast<int>(way) : page;
+    }
+  }
+  const int warp = tid >> 5, lane = tid & 31;
+  int4 row_buf[2] = {};
+  if (Stage == 5) {  // host loads first: their latency overlaps the LRU scan below
+    if (tid < 2) miss_rows[tid] = loc[0] % kRows;
+    __syncthreads();
+    if (warp < 2)
+      for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
+        row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
+  }
+  if (Stage >= 2 && Stage != 4) {
+    unsigned short od[kWaysPerThread];
+    int mine = 0;
+    for (int k = 0; k < kWaysPerThread; ++k) {
+      od[k] = __ldcg(s.order + tid * kWaysPerThread + k);
+      mine += od[k] & 1;
+    }
+    int before = 0;
+    scan_t(scan).ExclusiveSum(mine, before);
+    for (int k = 0; k < kWaysPerThread; ++k) s.order[(tid * kWaysPerThread + k + before) % kHot] = od[k];
+  }
+  if (Stage == 5 && warp < 2)
+    for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = row_buf[i];
+  if (Stage == 3 || Stage == 4) {
+    if (tid < 2) miss_rows[tid] = loc[0] % kRows;  // two rows found missing by the lookups
+    __syncthreads();
+    if (warp < 2) {
+      const int4* src = s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16);
+      int4* dst = s.pool + static_cast<size_t>(warp) * (kRowBytes / 16);
+      for (int v = lane; v < kRowBytes / 16; v += 32) dst[v] = src[v];
+    }
+  }
+  for (int k = 0; k < kPerThread; ++k) s.locations[tid + k * kBlock] = loc[k];
+}
+
+template <int Stage>
+float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < 220; ++i) {
+    CK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st));
+    CK(cudaEventRecord(a, st));
+    step<Stage><<<1, kBlock, 0, st>>>(s);
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 20) t.push_back(ms * 1000.f);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+int main() {
+  std::mt19937 rng(7);
+  std::vector<int> sel(kTopK);
+  for (auto& x : sel) x = static_cast<int>(rng() % kRows);
+  std::vector<int> pages(kRows / kPageRows + 1);
+  for (auto& p : pages) p = static_cast<int>(rng() % 100000);
+  std::vector<unsigned short> rmap(kRows, 0xFFFF), order(kHot);
+  for (int i = 0; i < kHot; ++i) order[i] = static_cast<unsigned short>(i);
+  for (int i = 0; i < kTopK; ++i)
+    if (i % 1000 != 0) rmap[sel[i]] = static_cast<unsigned short>(i % kHot);  // ~0.1 % misses
+
+  state s{};
+  int *d_slot, *d_sel, *d_loc, *d_pages;
+  unsigned short *d_rmap, *d_order;
+  int4 *d_pool, *h_host;
+  const int zero = 0;
+  CK(cudaMalloc(&d_slot, sizeof(int)));
+  CK(cudaMemcpy(d_slot, &zero, sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_sel, kTopK * sizeof(int)));
+  CK(cudaMemcpy(d_sel, sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_loc, kTopK * sizeof(int)));
+  CK(cudaMalloc(&d_pages, pages.size() * sizeof(int)));
+  CK(cudaMemcpy(d_pages, pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_rmap, kRows * sizeof(unsigned short)));
+  CK(cudaMemcpy(d_rmap, rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_order, kHot * sizeof(unsigned short)));
+  CK(cudaMemcpy(d_order, order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_pool, 2 * kRowBytes));
+  CK(cudaHostAlloc(&h_host, static_cast<size_t>(kRows) * kRowBytes, cudaHostAllocMapped));
+  int4* h_dev = nullptr;
+  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h_host, 0));
+  s = {d_slot, d_sel, d_loc, d_pages, d_rmap, d_order, h_dev, d_pool};
+  const size_t flush_bytes = 256u << 20;
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, flush_bytes));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const float t0 = median_us<0>(s, flush, flush_bytes, st);
+  const float t1 = median_us<1>(s, flush, flush_bytes, st);
+  const float t2 = median_us<2>(s, flush, flush_bytes, st);
+  const float t3 = median_us<3>(s, flush, flush_bytes, st);
+  const float t4 = median_us<4>(s, flush, flush_bytes, st);
+  const float t5 = median_us<5>(s, flush, flush_bytes, st);
+  std::printf("C = 1 step floor, L2 flushed, median of 200 (us)\n");
+  std::printf("  index (resident)           %6.2f\n", t0);
+  std::printf("  + page table, reverse map  %6.2f\n", t1);
+  std::printf("  + LRU order scan           %6.2f\n", t2);
+  std::printf("  + 2 host rows              %6.2f\n", t3);
+  std::printf("  lookups + 2 host rows, no LRU   %6.2f\n", t4);
+  std::printf("  host loads overlapping the LRU  %6.2f\n", t5);
+  return 0;
+}
