@@ -37,6 +37,7 @@ using Layout = dh::layouts::tiny;  // source 0: 2 payload layers of 64 B; source
 constexpr std::size_t max_block = 4;  // K_max: anchor + up to 3 proposals
 using Staging = dh::staging_arenas<2>;  // chi = the most payload layers of one source (source 0)
 using Hierarchy = dh::host_hierarchy<Layout, dh::lru_hot_cache<16>, dh::fixed_budget_policy, Staging>;
+using PerLayerStaging = dh::host_hierarchy<Layout, dh::lru_hot_cache<16>, dh::fixed_budget_policy, dh::dedicated_staging>;  // sizing only
 using Ring = dh::draft_ring<16, max_block, 8>;  // the drafter reads W = 16 prior positions; ring pages of 8
 using RingStore = dh::draft_ring_store<Ring>;
 static_assert(Ring::max_block == max_block, "the drafter and the target agree on K_max");
@@ -129,9 +130,7 @@ std::uint64_t token_at(const request_state& rq, dh::row_index e) {
 int run() {
   std::mt19937_64 rng(2024);
 
-  // 1. Two-phase sizing: ask for the bytes (an engine budgets them), then construct. The host
-  //    reference has no requirements(cfg) (cuda::hierarchy has): the staging policy and the draft
-  //    ring store say what the speculative parts take.
+  // 1. Two-phase sizing: ask for the bytes (an engine budgets them), then construct.
   dh::hierarchy_config cfg;
   cfg.max_requests = requests;
   cfg.max_rows = 256;
@@ -139,21 +138,19 @@ int run() {
   cfg.max_block = max_block;
   // chi shared arenas of N * K_max * k rows of the widest row, instead of N * K_max * k staging
   // rows in every payload layer's own pool (dedicated_staging).
-  const std::size_t arena_bytes =
-      Staging::bytes(cfg.max_requests, cfg.max_block, top_k, dh::widest_row_bytes<Layout>());
-  const std::size_t staging_rows = cfg.max_requests * dh::dedicated_staging::rows_per_slot(cfg.max_block, top_k);
-  std::size_t per_layer_staging_bytes = 0;
-  for (const auto& d : Layout::sources) per_layer_staging_bytes += d.payload_layers * staging_rows * d.row_bytes;
+  const dh::host_memory_requirements need = Hierarchy::requirements(cfg);
+  const std::size_t arena_bytes = need.staging_arena_bytes;
+  const std::size_t per_layer_staging_bytes = PerLayerStaging::requirements(cfg).pool_bytes - need.pool_bytes;
   const dh::draft_ring_config ring_cfg{.slots = cfg.max_requests, .row_bytes = draft_row_bytes, .layers = draft_layers};
   const dh::draft_ring_requirements ring_need = RingStore::requirements(ring_cfg);
   std::printf("speculative_round: %zu requests, K_max %zu, %zu rounds\n", requests, max_block, rounds);
-  std::printf("  sizing: staging arenas %zu B (per-layer staging would take %zu B), "
+  std::printf("  sizing: pools %zu B, staging arenas %zu B (per-layer staging would take %zu B), "
               "draft ring %zu rows per slot, %zu B\n",
-              arena_bytes, per_layer_staging_bytes, ring_need.rows_per_slot, ring_need.bytes);
+              need.pool_bytes, arena_bytes, per_layer_staging_bytes, ring_need.rows_per_slot, ring_need.bytes);
 
   Hierarchy h(cfg);
   RingStore ring(ring_cfg);  // one ring slot per hierarchy slot
-  if (h.staging_arena_bytes() != arena_bytes || ring.memory().bytes != ring_need.bytes) {
+  if (h.pool_bytes() != need.pool_bytes || h.staging_arena_bytes() != arena_bytes || ring.memory().bytes != ring_need.bytes) {
     std::fprintf(stderr, "speculative_round: allocated memory differs from the requirements\n");
     return 1;
   }

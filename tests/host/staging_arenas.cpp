@@ -324,6 +324,12 @@ TEST_CASE("shared staging arenas: memory is chi arenas of the widest row instead
   CHECK(sh.pool_bytes() == ded.pool_bytes() - dedicated_staging_bytes);
   CHECK(sh.staging_arena_bytes() == staging_arenas<2>::bytes(c.max_requests, c.max_block, L::top_k, widest_row_bytes<L>()));
   CHECK(sh.staging_arena_bytes() == 2 * c.max_requests * per_slot * 64);
+  // two-phase sizing: what requirements() promises is what construction allocates
+  CHECK(Shared::requirements(c).pool_bytes == sh.pool_bytes());
+  CHECK(Shared::requirements(c).staging_arena_bytes == sh.staging_arena_bytes());
+  CHECK(Dedicated::requirements(c).pool_bytes == ded.pool_bytes());
+  CHECK(Dedicated::requirements(c).staging_arena_bytes == 0);
+  CHECK(Shared::requirements(c).host_store_bytes == Dedicated::requirements(c).host_store_bytes);
 
   // M_stage as the planner counts it: chi * K_max * k * d_KV per session, N sessions.
   const auto shape = shape_of<layouts::glm53>();

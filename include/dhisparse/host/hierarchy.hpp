@@ -53,6 +53,13 @@
 
 namespace dhisparse {
 
+/// Bytes a host hierarchy allocates (two-phase sizing, like cuda::hierarchy::requirements).
+struct host_memory_requirements {
+  std::size_t pool_bytes = 0;           ///< the simulated GPU pools of every payload layer
+  std::size_t staging_arena_bytes = 0;  ///< shared staging arenas (staging_arenas<chi>; 0 otherwise)
+  std::size_t host_store_bytes = 0;     ///< the paged host stores of every source
+};
+
 template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy,
           StagingArenaPolicy Staging = dedicated_staging>
 class host_hierarchy {
@@ -75,11 +82,21 @@ class host_hierarchy {
   static constexpr std::size_t top_k = Layout::top_k;
   static constexpr std::size_t page_rows = Layout::page_rows;
 
+  /// Bytes the hierarchy allocates for `cfg`.
+  static host_memory_requirements requirements(const hierarchy_config& cfg) {
+    const hierarchy_config c = normalised(cfg);
+    const location_space sp = make_space(c);
+    host_memory_requirements r;
+    for (const auto& d : Layout::sources) {
+      r.pool_bytes += d.payload_layers * pool_rows_of(sp) * d.row_bytes;
+      r.host_store_bytes += host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
+    }
+    if constexpr (Staging::shared) r.staging_arena_bytes = Staging::arenas * arena_bytes(c);
+    return r;
+  }
+
   explicit host_hierarchy(const hierarchy_config& cfg) : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
-    // The ring holds the committed window (T rows) plus one tentative block when speculating.
-    const std::size_t ring_rows = cfg_.tail_rows + (cfg_.max_block > 1 ? cfg_.max_block : 0);
-    const std::size_t staging_rows = cfg_.max_block > 1 ? cfg_.max_block * top_k : 0;
-    space_ = location_space{cfg_.max_requests, hot_rows, ring_rows, cfg_.optional_pages, page_rows, staging_rows};
+    space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
     for (std::size_t s = 0; s < sources; ++s) {
@@ -89,14 +106,12 @@ class host_hierarchy {
       src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                         host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
                                                    src.host_bytes));
-      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows() * d.row_bytes));
+      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows_of(space_) * d.row_bytes));
       src.layer_pending.assign(d.payload_layers, false);
       src.state.resize(cfg_.max_requests);
       for (auto& st : src.state) reset_hot(st);
     }
-    if constexpr (Staging::shared)
-      arenas_.assign(Staging::arenas,
-                     std::vector<std::byte>(cfg_.max_requests * staging_rows * widest_row_bytes<Layout>()));
+    if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
   }
 
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
@@ -590,8 +605,17 @@ class host_hierarchy {
   }
   /// Rows each payload layer's pool holds: the whole location range, less the staging rows when
   /// they live in shared arenas.
-  [[nodiscard]] std::size_t pool_rows() const {
-    return Staging::shared ? space_.staging_begin() : space_.rows();
+  static std::size_t pool_rows_of(const location_space& sp) { return Staging::shared ? sp.staging_begin() : sp.rows(); }
+  /// Pool geometry: with K_max > 1 the tail ring holds the committed window (T rows) plus one
+  /// tentative block, and every slot has K_max * top_k staging rows.
+  static location_space make_space(const hierarchy_config& c) {
+    const bool spec = c.max_block > 1;
+    return location_space{c.max_requests, hot_rows, c.tail_rows + (spec ? c.max_block : 0), c.optional_pages,
+                          page_rows, spec ? c.max_block * top_k : 0};
+  }
+  /// Bytes of one shared staging arena: N * K_max * k rows of the widest row (0 without speculation).
+  static std::size_t arena_bytes(const hierarchy_config& c) {
+    return c.max_block > 1 ? c.max_requests * c.max_block * top_k * widest_row_bytes<Layout>() : 0;
   }
 
   resolve_stats resolve_one(std::size_t source, std::size_t slot, std::span<const row_index> selection,
