@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include "error.cuh"
@@ -116,6 +117,36 @@ class unique_event {
  private:
   cudaEvent_t event_ = nullptr;
 };
+
+/// Calls `use(device_bytes)` with a stream-ordered device copy of `bytes` (any host memory:
+/// cudaMemcpyAsync has staged a pageable source before it returns) and frees the copy in stream
+/// order afterwards, also when `use` throws. Returns what `use` returns.
+template <class Use>
+decltype(auto) with_device_copy(std::span<const std::byte> bytes, cudaStream_t stream, Use&& use) {
+  void* copy = nullptr;
+  DHISPARSE_CUDA_TRY(cudaMallocAsync(&copy, bytes.size(), stream));
+  struct free_on_unwind {
+    void* p;
+    cudaStream_t s;
+    ~free_on_unwind() {
+      if (p != nullptr) cudaFreeAsync(p, s);  // unwinding: the error in flight is the one to report
+    }
+  } guard{copy, stream};
+  DHISPARSE_CUDA_TRY(cudaMemcpyAsync(copy, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream));
+  const auto* device_bytes = static_cast<const std::byte*>(copy);
+  const auto release = [&] {
+    guard.p = nullptr;
+    DHISPARSE_CUDA_TRY(cudaFreeAsync(copy, stream));
+  };
+  if constexpr (std::is_void_v<std::invoke_result_t<Use&, const std::byte*>>) {
+    use(device_bytes);
+    release();
+  } else {
+    auto result = use(device_bytes);
+    release();
+    return result;
+  }
+}
 
 /// Carves aligned sub-ranges out of one allocation (two-phase sizing: run once with no base to
 /// learn the size, then again over the allocation).

@@ -223,14 +223,9 @@ class residency_manager {
     }
     return admit_impl(id, history.size(), [&](std::size_t s) { return history[s].count; },
                       [&](std::size_t s, std::size_t device_pages) {
-                        void* tmp = nullptr;
-                        DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, history[s].rows.size(), step_));
-                        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, history[s].rows.data(), history[s].rows.size(),
-                                                           cudaMemcpyHostToDevice, step_));
-                        auto taken = h_.import_rows(id, s, static_cast<const std::byte*>(tmp), history[s].count,
-                                                    device_pages, step_);
-                        DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, step_));
-                        return taken;
+                        return detail::with_device_copy(history[s].rows, step_, [&](const std::byte* copy) {
+                          return h_.import_rows(id, s, copy, history[s].count, device_pages, step_);
+                        });
                       });
   }
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {

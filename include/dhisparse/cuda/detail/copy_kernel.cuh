@@ -10,6 +10,7 @@
 
 #include "../views.cuh"
 #include "resolve_kernel.cuh"
+#include "rows_copied_scan.cuh"
 
 namespace dhisparse::cuda::detail {
 
@@ -25,22 +26,7 @@ __global__ void __launch_bounds__(512)
   unsigned* prefix = dhisparse_follower_prefix;
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
   const unsigned lane = threadIdx.x & 31u;
-  if (threadIdx.x < 32) {  // exclusive scan of the rows each entry copied
-    unsigned running = 0;
-    for (unsigned base = 0; base < C; base += 32) {
-      const unsigned i = base + lane;
-      const unsigned v = i < C ? ws.stats[i].rows_copied : 0u;
-      unsigned incl = v;
-#pragma unroll
-      for (unsigned o = 1; o < 32; o <<= 1) {
-        const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      if (i < C) prefix[i] = running + incl - v;
-      running += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) prefix[C] = running;
-  }
+  scan_rows_copied(ws.stats, C, prefix);
   __syncthreads();
   const unsigned total = prefix[C];
   const unsigned vecs = src.row_bytes / 16u;

@@ -203,13 +203,14 @@ __device__ __forceinline__ unsigned ready_units(std::uint64_t w) {
   return static_cast<unsigned>((w & ~placed_bit) >> 32);
 }
 
-/// Waits (acquire) until entry `e` of this launch has its copy destinations written.
-__device__ __forceinline__ void wait_placed(std::uint64_t* ready, unsigned e, unsigned epoch) {
+/// Waits (acquire loads, nanosleep backoff) until entry `e` of this launch has published its copy
+/// sources and count, and with `placed` also its destinations; returns the published word.
+__device__ __forceinline__ std::uint64_t wait_ready(std::uint64_t* ready, unsigned e, unsigned epoch, bool placed) {
   ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> flag(ready[e]);
   unsigned ns = 32;
   for (;;) {
     const std::uint64_t w = flag.load(::cuda::memory_order_acquire);
-    if (static_cast<unsigned>(w) == epoch && (w & placed_bit) != 0) return;
+    if (static_cast<unsigned>(w) == epoch && (!placed || (w & placed_bit) != 0)) return w;
     __nanosleep(ns);
     if (ns < 256) ns *= 2;
   }
@@ -796,17 +797,8 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   // Wait until every entry of this launch has published its copies' sources and count (every
   // entry's metadata runs on a CTA that is already resident, so this terminates).
   if (warp == 0) {
-    for (unsigned e = lane; e < C; e += 32) {
-      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> flag(ws.ready[e]);
-      unsigned ns = 32;
-      std::uint64_t w = flag.load(::cuda::memory_order_acquire);
-      while (static_cast<unsigned>(w) != epoch) {
-        __nanosleep(ns);
-        if (ns < 256) ns *= 2;
-        w = flag.load(::cuda::memory_order_acquire);
-      }
-      prefix[e] = ready_units(w);  // the entry's units, scanned in place below
-    }
+    for (unsigned e = lane; e < C; e += 32)
+      prefix[e] = ready_units(wait_ready(ws.ready, e, epoch, false));  // the entry's units, scanned in place below
   }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(9);
@@ -871,7 +863,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
     for (unsigned k = 0; k < RM; ++k) {
       d[k] = nullptr;
       if (k < cnt) {
-        wait_placed(ws.ready, ent[k], epoch);
+        wait_ready(ws.ready, ent[k], epoch, true);
         const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(ent[k]) * Traits::top_k + idx[k]);
         if (pe.dst != no_location)  // a repeated row of an early copy: another unit writes it
           d[k] = reinterpret_cast<int4*>(src.layer_pool[lay[k]] + static_cast<std::size_t>(pe.dst) * src.row_bytes);

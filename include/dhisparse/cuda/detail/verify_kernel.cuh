@@ -33,6 +33,7 @@
 
 #include "../verify_views.cuh"
 #include "../views.cuh"
+#include "rows_copied_scan.cuh"
 
 namespace dhisparse::cuda::detail {
 
@@ -461,22 +462,7 @@ __global__ void __launch_bounds__(verify_copy_threads)
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
   const unsigned layers = layer_end - layer_begin;
   const unsigned lane = threadIdx.x & 31u;
-  if (threadIdx.x < 32) {  // exclusive scan of the rows each entry copies
-    unsigned running = 0;
-    for (unsigned base = 0; base < C; base += 32) {
-      const unsigned i = base + lane;
-      const unsigned val = i < C ? ws.stats[i].rows_copied : 0u;
-      unsigned incl = val;
-#pragma unroll
-      for (unsigned o = 1; o < 32; o <<= 1) {
-        const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      if (i < C) prefix[i] = running + incl - val;
-      running += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) prefix[C] = running;
-  }
+  scan_rows_copied(ws.stats, C, prefix);
   __syncthreads();
   if (finish && blockIdx.x == 0 && threadIdx.x == 0) ws.control->epoch = ws.control->epoch + 1u;  // the verify's epoch
   const std::uint64_t total = static_cast<std::uint64_t>(prefix[C]) * layers;
