@@ -21,6 +21,8 @@
 
 #include "cuda_test_support.cuh"
 
+#include <dhisparse/cuda/verify_batch.cuh>
+
 namespace {
 
 using namespace dhtest;
@@ -785,32 +787,9 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
     REQUIRE(tw.admit(id));
     for (std::size_t src = 0; src < T::sources; ++src) tw.append(id, src, 40);
   }
-  // The descriptor: fixed buffers; query j of entry e reads/writes at (e * K_max + j) * top_k.
-  dhc::device_buffer<std::uint32_t> count(1);
-  dhc::device_buffer<std::int32_t> slots(N), queries(N), lengths(N * KM);
-  dhc::device_buffer<const row_index*> selp(N * KM);
-  dhc::device_buffer<location*> locp(N * KM);
-  dhc::device_buffer<row_index> sel(N * KM * K);
-  dhc::device_buffer<location> loc(N * KM * K);
-  {
-    std::vector<const row_index*> hs(N * KM);
-    std::vector<location*> hl(N * KM);
-    for (std::size_t i = 0; i < N * KM; ++i) {
-      hs[i] = sel.data() + i * K;
-      hl[i] = loc.data() + i * K;
-    }
-    DHTEST_CUDA(cudaMemcpy(selp.data(), hs.data(), hs.size() * sizeof(void*), cudaMemcpyHostToDevice));
-    DHTEST_CUDA(cudaMemcpy(locp.data(), hl.data(), hl.size() * sizeof(void*), cudaMemcpyHostToDevice));
-  }
-  dhc::verify_batch_view v;
-  v.count = count.data();
-  v.slots = slots.data();
-  v.queries = queries.data();
-  v.lengths = lengths.data();
-  v.selection_ptrs = selp.data();
-  v.location_ptrs = locp.data();
-  v.max_block = static_cast<std::uint32_t>(KM);
-  v.capacity = static_cast<std::uint32_t>(N);
+  // The descriptor's buffers (device_verify_batch): query j of entry e at (e * K_max + j) * top_k.
+  dhc::device_verify_batch batch(static_cast<std::uint32_t>(N), static_cast<std::uint32_t>(KM), static_cast<std::uint32_t>(K));
+  const dhc::verify_batch_view v = batch.view();
   cudaStream_t st = nullptr;
   DHTEST_CUDA(cudaStreamCreate(&st));  // blocking: ordered with the legacy stream the twin's calls use
   cudaGraph_t graph = nullptr;
@@ -826,25 +805,13 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
     std::vector<std::vector<row_index>> q;
   };
   auto replay = [&](const std::vector<round>& rounds) {
-    std::vector<std::int32_t> hslots(rounds.size()), hqueries(rounds.size()), hlen(N * KM, 0);
-    std::vector<row_index> hsel(N * KM * K, dh::no_row);
+    std::vector<std::vector<std::span<const row_index>>> qs(rounds.size());
+    std::vector<dhc::device_verify_batch::round> up(rounds.size());
     for (std::size_t e = 0; e < rounds.size(); ++e) {
-      hslots[e] = static_cast<std::int32_t>(tw.dev.slot_of(rounds[e].id));
-      hqueries[e] = static_cast<std::int32_t>(rounds[e].q.size());
-      for (std::size_t j = 0; j < rounds[e].q.size(); ++j) {
-        hlen[e * KM + j] = static_cast<std::int32_t>(rounds[e].q[j].size());
-        std::copy(rounds[e].q[j].begin(), rounds[e].q[j].end(), hsel.begin() + static_cast<long>((e * KM + j) * K));
-      }
+      for (const auto& q : rounds[e].q) qs[e].push_back(q);
+      up[e] = {static_cast<std::int32_t>(tw.dev.slot_of(rounds[e].id)), qs[e]};
     }
-    const auto n = static_cast<std::uint32_t>(rounds.size());
-    DHTEST_CUDA(cudaMemcpy(count.data(), &n, sizeof(n), cudaMemcpyHostToDevice));
-    if (n != 0) {
-      DHTEST_CUDA(cudaMemcpy(slots.data(), hslots.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-      DHTEST_CUDA(cudaMemcpy(queries.data(), hqueries.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    }
-    DHTEST_CUDA(cudaMemcpy(lengths.data(), hlen.data(), hlen.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    DHTEST_CUDA(cudaMemcpy(sel.data(), hsel.data(), hsel.size() * sizeof(row_index), cudaMemcpyHostToDevice));
-    DHTEST_CUDA(cudaMemset(loc.data(), 0x7A, loc.bytes()));
+    batch.upload(up, st);
     DHTEST_CUDA(cudaGraphLaunch(exec, st));
     wait_or_die(st, "graph replay of verify");
   };
@@ -904,7 +871,7 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
       for (std::size_t j = 0; j < rounds[e].q.size(); ++j) {
         std::vector<location> got(rounds[e].q[j].size());
         if (!got.empty())
-          DHTEST_CUDA(cudaMemcpy(got.data(), loc.data() + (e * KM + j) * K, got.size() * sizeof(location),
+          DHTEST_CUDA(cudaMemcpy(got.data(), batch.locations(static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(j)), got.size() * sizeof(location),
                                  cudaMemcpyDeviceToHost));
         DHTEST_REQUIRE_SAME(location, "locations of a replayed verify", std::span<const location>(want[e][j]),
                             std::span<const location>(got));

@@ -51,6 +51,7 @@
 #include "../resolver.hpp"
 #include "../types.hpp"
 #include "batch.cuh"
+#include "verify_batch.cuh"
 #include "buffers.cuh"
 #include "detail/copy_kernel.cuh"
 #include "detail/residency_kernels.cuh"
@@ -286,11 +287,7 @@ class hierarchy {
                           std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
     if (count == 0) return;
-    void* tmp = nullptr;
-    DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
-    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream));
-    append_checked(source, slot, static_cast<const std::byte*>(tmp), count, stream);
-    DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+    detail::with_device_copy(rows, stream, [&](const std::byte* copy) { append_checked(source, slot, copy, count, stream); });
   }
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     append(id, source, rows, count, stream_);
@@ -685,11 +682,7 @@ class hierarchy {
                           " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
                           " positions in " + std::to_string(nrows) + " rows, expected " +
                           std::to_string(nrows * d.payload_layers * d.row_bytes));
-    void* tmp = nullptr;
-    DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, rows.size(), stream));
-    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream));
-    stage_checked(source, slot, static_cast<const std::byte*>(tmp), count, stream);
-    DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+    detail::with_device_copy(rows, stream, [&](const std::byte* copy) { stage_checked(source, slot, copy, count, stream); });
   }
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     stage_block(id, source, rows, count, stream_);
