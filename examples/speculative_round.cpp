@@ -75,8 +75,8 @@ int run() {
     return 1;
   }
 
-  // 2. Admit and prefill: the prompt's KV on every source, and in the drafter's ring (whose books
-  //    take at most K_max positions per block, so the prompt goes in as committed blocks).
+  // 2. Admit and prefill: the prompt's KV on every source, and its last W positions in the
+  //    drafter's ring (all the drafter will read of it).
   std::vector<request_state> reqs(requests);
   for (std::size_t r = 0; r < requests; ++r) {
     auto& rq = reqs[r];
@@ -87,12 +87,10 @@ int run() {
     rq.tokens.resize(24 + 8 * r);
     for (auto& t : rq.tokens) t = rng();
     for (std::size_t s = 0; s < sources; ++s) h.append(rq.id, s, target_rows(rq.id, s, 0, rq.tokens), rq.tokens.size());
-    for (std::size_t first = 0; first < rq.tokens.size(); first += max_block) {
-      const std::size_t c = std::min(max_block, rq.tokens.size() - first);
-      ring.write(rq.slot, first, draft_rows(rq.id, static_cast<std::int64_t>(first),
-                                            std::span<const std::uint64_t>(rq.tokens).subspan(first, c)), c);
-      ring.commit(rq.slot, c - 1);
-    }
+    const std::size_t live = std::min<std::size_t>(rq.tokens.size(), Ring::window);
+    const std::size_t first = rq.tokens.size() - live;
+    ring.prefill(rq.slot, rq.tokens.size(),
+                 draft_rows(rq.id, static_cast<std::int64_t>(first), std::span<const std::uint64_t>(rq.tokens).subspan(first)));
   }
 
   // Per round and source: K_max query slots of top_k entries per request (K_r of them used).

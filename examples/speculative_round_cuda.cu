@@ -93,8 +93,8 @@ int run() {
   Hierarchy h(cfg, stream);
   RingStore ring(ring_cfg, stream);  // one ring slot per hierarchy slot
 
-  // 2. Admit and prefill: the prompt's KV on every source, and in the drafter's ring (whose books
-  //    take at most K_max positions per block, so the prompt goes in as committed blocks).
+  // 2. Admit and prefill: the prompt's KV on every source, and its last W positions in the
+  //    drafter's ring (all the drafter will read of it).
   std::vector<request_state> reqs(requests);
   for (std::size_t r = 0; r < requests; ++r) {
     auto& rq = reqs[r];
@@ -108,13 +108,11 @@ int run() {
       const auto rows = target_rows(rq.id, s, 0, rq.tokens);
       h.append(rq.id, s, std::span<const std::byte>(rows), rq.tokens.size(), stream);
     }
-    for (std::size_t first = 0; first < rq.tokens.size(); first += max_block) {
-      const std::size_t c = std::min(max_block, rq.tokens.size() - first);
-      const auto rows = draft_rows(rq.id, static_cast<std::int64_t>(first),
-                                   std::span<const std::uint64_t>(rq.tokens).subspan(first, c));
-      DHISPARSE_CUDA_TRY(ring.write(rq.slot, first, rows.data(), c, stream));
-      ring.commit(rq.slot, c - 1);
-    }
+    const std::size_t live = std::min<std::size_t>(rq.tokens.size(), Ring::window);
+    const std::size_t first = rq.tokens.size() - live;
+    const auto rows =
+        draft_rows(rq.id, static_cast<std::int64_t>(first), std::span<const std::uint64_t>(rq.tokens).subspan(first));
+    DHISPARSE_CUDA_TRY(ring.prefill(rq.slot, rq.tokens.size(), rows.data(), live, stream));  // pageable: staged now
   }
 
   // Device buffers of one verify: K_max query slots of top_k entries per request (K_r used), their

@@ -91,7 +91,7 @@ void twin_scenario(std::size_t slots, std::size_t row_bytes, std::size_t layers,
         }
     };
 
-    std::size_t writes = 0, commits = 0;
+    std::size_t writes = 0, commits = 0, prefills = 0;
     for (std::size_t op = 0; op < ops; ++op) {
       const std::size_t s = pick(0, slots - 1);
       const std::uint64_t c = host.committed(s), w = host.written(s);
@@ -123,17 +123,30 @@ void twin_scenario(std::size_t slots, std::size_t row_bytes, std::size_t layers,
       } else if (roll < 74 && pick(0, 3) == 0) {
         host.reset(s);
         dev.reset(s);
+        {  // the next request's prompt: its last min(n, W) positions, committed at once
+          const std::uint64_t n = pick(0, 3 * Ring::window + 5);
+          const std::size_t count = static_cast<std::size_t>(std::min<std::uint64_t>(n, Ring::window));
+          std::vector<std::byte> rows(count * pb);
+          for (auto& b : rows) b = std::byte(rng());
+          host.prefill(s, n, rows);
+          ok(dev.prefill(s, n, rows.data(), count, stream));  // pageable host source
+          ++prefills;
+        }
       } else if (roll < 90) {
         same_window(s);
       } else {  // bad input: the same typed error on both, neither changes
         std::vector<std::byte> one(pb);
-        switch (pick(0, 4)) {
+        switch (pick(0, 5)) {
           case 0:
             if (c > 0) REQUIRE_THROWS_AS(dev.write(s, pick(0, c - 1), one.data(), 1, stream), dh::draft_write_out_of_order);
             break;
           case 1: REQUIRE_THROWS_AS(dev.write(s, w + 1, one.data(), 1, stream), dh::draft_write_out_of_order); break;
           case 2: REQUIRE_THROWS_AS(dev.write(s, c, src.data(), K + 1, stream), dh::block_too_wide); break;
           case 3: REQUIRE_THROWS_AS(dev.commit(s, w - c), dh::acceptance_beyond_block); break;
+          case 4:
+            if (w != 0) REQUIRE_THROWS_AS(dev.prefill(s, 1, one.data(), 1, stream), dh::draft_write_out_of_order);
+            else REQUIRE_THROWS_AS(dev.prefill(s, Ring::window + 3, one.data(), Ring::window + 1, stream), dh::size_mismatch);
+            break;
           default:
             REQUIRE_THROWS_AS(dev.write(slots, 0, one.data(), 1, stream), dh::invalid_slot);
             REQUIRE_THROWS_AS((void)dev.row(s, w), dh::draft_position_not_live);
@@ -146,6 +159,7 @@ void twin_scenario(std::size_t slots, std::size_t row_bytes, std::size_t layers,
     for (std::size_t s = 0; s < slots; ++s) same_window(s);
     REQUIRE(writes > ops / 4);
     REQUIRE(commits > ops / 8);
+    REQUIRE(prefills > 0);
   }
   ok(cudaStreamDestroy(stream));
 }

@@ -66,7 +66,7 @@ void check_against_model(std::size_t slots, std::size_t row_bytes, std::size_t l
     for (std::size_t s = 0; s < slots; ++s) REQUIRE(books[s] == std::make_pair(store.committed(s), store.written(s)));
   };
 
-  std::size_t writes = 0, commits = 0, reads = 0, errors = 0;
+  std::size_t writes = 0, commits = 0, reads = 0, errors = 0, prefills = 0;
   std::uint64_t far = 0;  // furthest committed position reached by any slot
   for (std::size_t op = 0; op < ops; ++op) {
     const std::size_t s = pick(0, slots - 1);
@@ -101,6 +101,22 @@ void check_against_model(std::size_t slots, std::size_t row_bytes, std::size_t l
     } else if (roll < 63 && pick(0, 3) == 0) {  // requests end now and then; rings must wrap first
       store.reset(s);
       m = model_slot{};
+      if (pick(0, 1) == 0) {  // the next request starts with a prompt: its last min(n, W) positions
+        const std::uint64_t n = pick(0, 3 * W + 5);
+        const std::size_t count = static_cast<std::size_t>(std::min(n, W));
+        std::vector<std::byte> src(count * pb);
+        for (auto& b : src) b = std::byte(rng());
+        store.prefill(s, n, src);
+        for (std::size_t j = 0; j < count; ++j) {
+          auto& row = m.bytes[n - count + j];
+          row.resize(pb);
+          for (std::size_t l = 0; l < layers; ++l)
+            std::copy_n(src.begin() + (l * count + j) * row_bytes, row_bytes, row.begin() + l * row_bytes);
+        }
+        m.committed = m.written = n;
+        far = std::max(far, m.committed);
+        ++prefills;
+      }
     } else if (roll < 85) {  // reads around the live range, live or not
       const std::uint64_t lo = live_first(m) > 2 ? live_first(m) - 2 : 0;
       check_read(s, pick(lo, m.written + 2));
@@ -117,7 +133,7 @@ void check_against_model(std::size_t slots, std::size_t row_bytes, std::size_t l
     } else {  // bad input: typed error, nothing changes
       ++errors;
       std::vector<std::byte> one(pb);
-      switch (pick(0, 6)) {
+      switch (pick(0, 7)) {
         case 0:
           if (m.committed == 0) break;
           expect_unchanged([&] { REQUIRE_THROWS_AS(store.write(s, pick(0, m.committed - 1), one), dh::draft_write_out_of_order); });
@@ -146,6 +162,15 @@ void check_against_model(std::size_t slots, std::size_t row_bytes, std::size_t l
             REQUIRE_THROWS_AS((void)store.window(slots), dh::invalid_slot);
           });
           break;
+        case 6:  // a prefill of a slot that holds positions, or with the wrong number of rows
+          expect_unchanged([&] {
+            const std::uint64_t n = W + 2;
+            std::vector<std::byte> rows(W * pb);
+            if (m.written != 0) REQUIRE_THROWS_AS(store.prefill(s, n, rows), dh::draft_write_out_of_order);
+            if (m.written == 0 && W > 0) REQUIRE_THROWS_AS(store.prefill(s, n, std::span(rows).first((W - 1) * pb)), dh::size_mismatch);
+            REQUIRE_THROWS_AS(store.prefill(slots, n, rows), dh::invalid_slot);
+          });
+          break;
         default:
           expect_unchanged([&] {
             std::vector<std::size_t> small(m.written - live_first(m));
@@ -158,7 +183,9 @@ void check_against_model(std::size_t slots, std::size_t row_bytes, std::size_t l
     // The model forgets positions that can never be read again (keeps it tiny).
     while (!m.bytes.empty() && m.bytes.begin()->first < live_first(m)) m.bytes.erase(m.bytes.begin());
   }
-  INFO("writes=" << writes << " commits=" << commits << " reads=" << reads << " errors=" << errors);
+  INFO("writes=" << writes << " commits=" << commits << " reads=" << reads << " errors=" << errors
+                   << " prefills=" << prefills);
+  REQUIRE(prefills > 0);
   REQUIRE(writes > ops / 4);
   REQUIRE(commits > ops / 10);
   // Rings wrapped many times: memory stayed R_d rows per slot while positions ran far past it.

@@ -8,6 +8,7 @@
 ///   dhisparse::draft_ring_config cfg{.slots = 35, .row_bytes = 2048, .layers = 6};
 ///   auto need = dhisparse::cuda::draft_ring_store<ring>::requirements(cfg);  // need.bytes of device memory
 ///   dhisparse::cuda::draft_ring_store<ring> ring_kv(cfg, stream);
+///   ring_kv.prefill(slot, prompt_len, last_kv, std::min(prompt_len, W), stream);  // a new request
 ///   ring_kv.write(slot, n, block_kv, K, stream);   // device or host source, stream-ordered
 ///   my_draft_attention<<<...>>>(ring_kv.ref(), ...);  // ref.row(slot, t, layer) inside kernels
 ///   ring_kv.commit(slot, accepted);                 // host books only: no device work, no sync
@@ -69,24 +70,29 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
                     cudaStream_t stream) {
     books_.check_write(slot, first, count);
     if (rows == nullptr) throw size_mismatch("draft ring write from a null source");
-    const ref_type r = ref();
-    const std::size_t rb = cfg_.row_bytes;
     std::size_t done = 0;
-    while (done < count) {
-      // Positions first + done .. up to the ring's end are contiguous rows of the slot.
-      const std::size_t at = static_cast<std::size_t>((first + done) % rows_per_slot);
-      const std::size_t run = std::min(count - done, rows_per_slot - at);
-      const cudaError_t e = cudaMemcpy2DAsync(r.row(slot, first + done), r.layer_stride(), rows + done * rb, count * rb,
-                                              run * rb, cfg_.layers, cudaMemcpyDefault, stream);
-      if (e != cudaSuccess) {
-        // A first piece already enqueued replaces block rows from `first` on, so the books drop
-        // those positions rather than claim rows they no longer describe (committed rows untouched).
-        if (done > 0) books_.note_write(slot, first, 0);
-        return e;
-      }
-      done += run;
+    if (const cudaError_t e = enqueue_rows(slot, first, rows, count, stream, done); e != cudaSuccess) {
+      // A first piece already enqueued replaces block rows from `first` on, so the books drop
+      // those positions rather than claim rows they no longer describe (committed rows untouched).
+      if (done > 0) books_.note_write(slot, first, 0);
+      return e;
     }
     books_.note_write(slot, first, count);
+    return cudaSuccess;
+  }
+
+  /// A new request's prompt: positions [0, positions) become committed at once, given by the
+  /// rows of the last `count` = min(positions, W) of them (what the window shows), laid out as for
+  /// write, stream-ordered. The slot must be empty (new, or reset); on a CUDA error nothing is
+  /// committed. The next write starts at position `positions`.
+  cudaError_t prefill(std::size_t slot, std::uint64_t positions, const std::byte* rows, std::size_t count,
+                      cudaStream_t stream) {
+    books_.check_prefill(slot, positions, count);
+    if (rows == nullptr && count > 0) throw size_mismatch("draft ring prefill from a null source");
+    std::size_t done = 0;
+    if (const cudaError_t e = enqueue_rows(slot, positions - count, rows, count, stream, done); e != cudaSuccess)
+      return e;
+    books_.note_prefill(slot, positions);
     return cudaSuccess;
   }
   /// Device address of a live position's row in one drafter layer.
@@ -96,6 +102,25 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   }
 
  private:
+  /// Enqueues the copy of positions [first, first + count) from layer-major `rows`: at most two
+  /// 2-D copies (the positions may wrap the ring), each covering every layer. `done` counts the
+  /// positions already enqueued when a copy fails.
+  cudaError_t enqueue_rows(std::size_t slot, std::uint64_t first, const std::byte* rows, std::size_t count,
+                           cudaStream_t stream, std::size_t& done) const {
+    const ref_type r = ref();
+    const std::size_t rb = cfg_.row_bytes;
+    done = 0;
+    while (done < count) {
+      // Positions first + done .. up to the ring's end are contiguous rows of the slot.
+      const std::size_t at = static_cast<std::size_t>((first + done) % rows_per_slot);
+      const std::size_t run = std::min(count - done, rows_per_slot - at);
+      const cudaError_t e = cudaMemcpy2DAsync(r.row(slot, first + done), r.layer_stride(), rows + done * rb, count * rb,
+                                              run * rb, cfg_.layers, cudaMemcpyDefault, stream);
+      if (e != cudaSuccess) return e;
+      done += run;
+    }
+    return cudaSuccess;
+  }
   device_buffer<std::byte> bytes_;
 };
 

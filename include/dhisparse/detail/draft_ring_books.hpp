@@ -4,6 +4,7 @@
 /// (a trivially copyable ref usable on host and device) and the per-slot book-keeping of committed
 /// and written positions. Every operation validates before it changes anything and throws the typed
 /// errors of errors.hpp; the stores only move bytes.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -159,6 +160,23 @@ class draft_ring_books {
     s.committed += accepted + 1;
     s.written = s.committed;
   }
+  /// Throws unless `slot` may take a prompt of `positions` committed positions given by its last
+  /// `count` rows: the slot holds nothing (draft_write_out_of_order) and count is min(positions, W),
+  /// the positions the window will show (size_mismatch).
+  void check_prefill(std::size_t slot, std::uint64_t positions, std::size_t count) const {
+    check_slot(slot);
+    const slot_state& s = slots_[slot];
+    if (s.written != 0)
+      throw draft_write_out_of_order("draft ring prefill of slot " + std::to_string(slot) + ", which already holds " +
+                                     std::to_string(s.written) + " position(s) (reset it first)");
+    const std::uint64_t live = std::min<std::uint64_t>(positions, Ring::window);
+    if (count != live)
+      throw size_mismatch("draft ring prefill of " + std::to_string(positions) + " position(s) needs the last " +
+                          std::to_string(live) + ", got " + std::to_string(count));
+  }
+  /// Records a prefill checked by check_prefill: positions [0, positions) committed.
+  void note_prefill(std::size_t slot, std::uint64_t positions) { slots_[slot] = {positions, positions}; }
+
   /// Drops the tentative block (a round abandoned before verification).
   void rollback(std::size_t slot) {
     check_slot(slot);

@@ -49,15 +49,20 @@ class draft_ring_store : public detail::draft_ring_store_base<Ring> {
   /// position; the block ends K_max after the committed prefix. Later written positions are dropped.
   void write(std::size_t slot, std::uint64_t first, std::span<const std::byte> rows, std::size_t count = 1) {
     books_.check_write(slot, first, count);
-    if (rows.size() != count * this->position_bytes())
-      throw size_mismatch("draft ring write of " + std::to_string(count) + " position(s) needs " +
-                          std::to_string(count * this->position_bytes()) + " bytes, got " +
-                          std::to_string(rows.size()));
-    const ref_type r = ref();
-    for (std::size_t l = 0; l < cfg_.layers; ++l)
-      for (std::size_t j = 0; j < count; ++j)
-        std::memcpy(r.row(slot, first + j, l), rows.data() + (l * count + j) * cfg_.row_bytes, cfg_.row_bytes);
+    check_bytes("write", rows, count);
+    copy_rows(slot, first, rows, count);
     books_.note_write(slot, first, count);
+  }
+
+  /// A new request's prompt: positions [0, positions) become committed at once, given by the
+  /// rows of the last min(positions, W) of them (what the window shows), laid out as for write.
+  /// The slot must be empty (new, or reset). The next write starts at position `positions`.
+  void prefill(std::size_t slot, std::uint64_t positions, std::span<const std::byte> rows) {
+    const std::size_t count = rows.size() / (this->position_bytes() == 0 ? 1 : this->position_bytes());
+    books_.check_prefill(slot, positions, count);
+    check_bytes("prefill", rows, count);
+    copy_rows(slot, positions - count, rows, count);
+    books_.note_prefill(slot, positions);
   }
 
   /// Bytes of a live position in one drafter layer.
@@ -69,6 +74,17 @@ class draft_ring_store : public detail::draft_ring_store_base<Ring> {
   }
 
  private:
+  void check_bytes(const char* call, std::span<const std::byte> rows, std::size_t count) const {
+    if (rows.size() != count * this->position_bytes())
+      throw size_mismatch(std::string("draft ring ") + call + " of " + std::to_string(count) + " position(s) needs " +
+                          std::to_string(count * this->position_bytes()) + " bytes, got " + std::to_string(rows.size()));
+  }
+  void copy_rows(std::size_t slot, std::uint64_t first, std::span<const std::byte> rows, std::size_t count) {
+    const ref_type r = ref();
+    for (std::size_t l = 0; l < cfg_.layers; ++l)
+      for (std::size_t j = 0; j < count; ++j)
+        std::memcpy(r.row(slot, first + j, l), rows.data() + (l * count + j) * cfg_.row_bytes, cfg_.row_bytes);
+  }
   std::vector<std::byte> bytes_;  // zeroed: rows never written read as zeros through ref()
 };
 
