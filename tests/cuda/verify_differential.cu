@@ -1063,6 +1063,35 @@ TEST_CASE("shared staging arenas: a verify on another stream waits on the device
       }
     }
   CHECK(hot0 == 16);
+
+  // A verify captured in a graph on stream a after an eager release on stream b: the wait becomes
+  // an external event node (a plain cross-stream wait would not be allowed in the capture).
+  dev.release_staging(1, b);
+  dhc::device_verify_batch vb(1, static_cast<std::uint32_t>(KM), static_cast<std::uint32_t>(K));
+  std::vector<std::span<const row_index>> qspans;
+  for (std::size_t j = 0; j < KM; ++j) qspans.emplace_back(sel.data() + j * K, K);
+  const std::array<dhc::device_verify_batch::round, 1> vround{{{static_cast<std::int32_t>(dev.slot_of(id)), qspans}}};
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DHTEST_CUDA(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal));
+  dev.verify(0, vb.view(), a);
+  DHTEST_CUDA(cudaStreamEndCapture(a, &graph));
+  DHTEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  vb.upload(vround, a);
+  DHTEST_CUDA(cudaGraphLaunch(exec, a));
+  wait_or_die(a, "captured verify of source 0");
+  dev.check_errors(a);
+  std::vector<location> relocs(sel.size());
+  for (std::size_t j = 0; j < KM; ++j) {
+    const auto got = vb.download_locations(0, static_cast<std::uint32_t>(j), K, a);
+    std::copy(got.begin(), got.end(), relocs.begin() + static_cast<long>(j * K));
+  }
+  std::size_t restaged = 0;
+  check_rows(0, relocs, restaged);
+  CHECK(restaged == KM * K - 16);  // the hot cache holds 16 rows of the union, the rest is staged again
+  dev.release_staging(0, b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
   cudaStreamDestroy(a);
   cudaStreamDestroy(b);
 }

@@ -303,9 +303,9 @@ class hierarchy {
   void resolve(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                copy_layers mode = copy_layers::all) {
     check_source(source);
-    check_not_capturing(stream);
+    check_not_capturing(stream, "resolve", "resolve(source, batch_view, stream)");
     auto& src = src_[source];
-    check_pending(source);
+    check_followers_copied(source, "resolved again");
     if (++stamp_epoch_ == 0) {
       std::fill(stamp_.begin(), stamp_.end(), 0u);
       stamp_epoch_ = 1;
@@ -352,7 +352,7 @@ class hierarchy {
   /// and counts. Slots, lengths and duplicates are validated on the device.
   void resolve(std::size_t source, const batch_view& batch, cudaStream_t stream, copy_layers mode = copy_layers::all) {
     check_source(source);
-    check_pending(source);
+    check_followers_copied(source, "resolved again");
     if (batch.count == nullptr || batch.slots == nullptr)
       throw size_mismatch("batch_view needs device count and slots");
     const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
@@ -414,6 +414,7 @@ class hierarchy {
       check_followers_copied(source, "released its staging");
       if (arena_free_) DHISPARSE_CUDA_TRY(cudaEventRecord(arena_free_.get(), stream));
       release_stream_ = stream;
+      release_captured_ = capturing(stream);
       staging_.release();
     }
   }
@@ -699,13 +700,7 @@ class hierarchy {
   void verify(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
               copy_layers mode = copy_layers::all) {
     check_speculative(source);
-    {
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
-      if (status != cudaStreamCaptureStatusNone)
-        throw invalid_configuration("the eager verify uploads its batch from host staging and cannot be captured; "
-                                    "capture verify(source, verify_batch_view, stream) instead");
-    }
+    check_not_capturing(stream, "verify", "verify(source, verify_batch_view, stream)");
     auto& src = src_[source];
     check_followers_copied(source, "verified");
     staging_.check_verify(source);
@@ -1160,11 +1155,22 @@ class hierarchy {
         throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
                                       std::to_string(l) + " copied the previous plan");
   }
-  /// Shared arenas: a verify on another stream than the last release waits for that release.
+  /// Shared arenas: a verify on another stream than the last release waits for that release. A
+  /// verify captured into a graph after a release that was not captured waits on the event as an
+  /// external node (at each replay, for its latest record); a release in the same capture joins
+  /// the streams as usual.
   void wait_for_staging_release(cudaStream_t stream) {
     if constexpr (Staging::shared)
-      if (arena_free_ && release_stream_ != stream)
-        DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, arena_free_.get(), 0));
+      if (arena_free_ && release_stream_ != stream) {
+        const bool external = capturing(stream) && !release_captured_;
+        DHISPARSE_CUDA_TRY(
+            cudaStreamWaitEvent(stream, arena_free_.get(), external ? cudaEventWaitExternal : cudaEventWaitDefault));
+      }
+  }
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+    return status == cudaStreamCaptureStatusActive;
   }
   void check_speculative(std::size_t source) const {
     check_source(source);
@@ -1401,19 +1407,14 @@ class hierarchy {
     if (layer >= Layout::sources[source].payload_layers)
       throw invalid_source("payload layer " + std::to_string(layer) + " outside source " + std::to_string(source));
   }
-  void check_pending(std::size_t source) const {
-    const auto& src = src_[source];
-    for (std::size_t l = 0; l < src.layer_pending.size(); ++l)
-      if (src.layer_pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " resolved again before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
-  }
-  static void check_not_capturing(cudaStream_t stream) {
+  /// The eager calls upload their batch from host staging: they cannot be captured.
+  static void check_not_capturing(cudaStream_t stream, const char* call, const char* capture_instead) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
     if (status != cudaStreamCaptureStatusNone)
-      throw invalid_configuration("the eager resolve uploads its batch from host staging and cannot be captured; "
-                                  "capture resolve(source, batch_view, stream) instead");
+      throw invalid_configuration(std::string("the eager ") + call +
+                                  " uploads its batch from host staging and cannot be captured; capture " +
+                                  capture_instead + " instead");
   }
   void append_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,
                       cudaStream_t stream) {
@@ -1513,6 +1514,7 @@ class hierarchy {
   device_buffer<std::byte> arenas_;   // staging_arenas<chi>: chi arenas of arena_stride bytes (K_max > 1)
   detail::unique_event arena_free_;   // recorded by release_staging: the arenas' last readers are done
   cudaStream_t release_stream_{};     // stream of the last release
+  bool release_captured_ = false;     // the last release was recorded into a stream capture
   dhisparse::detail::staging_holder<Staging> staging_;
   std::vector<std::size_t> verify_slots_;  // slots of the verify batch being validated
   std::vector<std::uint32_t> stamp_;
