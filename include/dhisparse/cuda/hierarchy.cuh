@@ -1184,17 +1184,7 @@ class hierarchy {
     const std::size_t slot = registry_.slot(id);
     const std::int64_t n = committed_positions(source, slot);
     const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
-    if (count == 0)
-      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                          " with no rows (a block holds at least the anchor)");
-    if (count > cfg_.max_block)
-      throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                           " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
-    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) * m - n))
-      throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                              ": positions " + std::to_string(n) + " .. " +
-                              std::to_string(n + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
-                              std::to_string(cfg_.max_rows) + " rows of " + std::to_string(m) + " positions");
+    dhisparse::detail::validate_block(count, cfg_.max_block, n, m, cfg_.max_rows, id, source);
     return slot;
   }
   void stage_checked(std::size_t source, std::size_t slot, const std::byte* rows, std::size_t count,

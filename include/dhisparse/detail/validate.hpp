@@ -45,4 +45,19 @@ inline void validate_selection(std::span<const row_index> selection, std::size_t
   }
 }
 
+/// Throws the typed error for a speculative block of `count` positions staged on a request/source
+/// with n committed positions, m per stored row: at least the anchor, at most `max_block`, and the
+/// last position inside `max_rows` rows (n + count <= max_rows * m).
+inline void validate_block(std::size_t count, std::size_t max_block, std::int64_t n, std::int64_t m,
+                           std::size_t max_rows, request_id id, std::size_t source) {
+  const std::string who = "stage_block of request " + std::to_string(id) + " on source " + std::to_string(source);
+  if (count == 0) throw size_mismatch(who + " with no rows (a block holds at least the anchor)");
+  if (count > max_block)
+    throw block_too_wide(who + " with " + std::to_string(count) + " rows, max_block is " + std::to_string(max_block));
+  if (count > static_cast<std::size_t>(static_cast<std::int64_t>(max_rows) * m - n))
+    throw capacity_exceeded(who + ": positions " + std::to_string(n) + " .. " +
+                            std::to_string(n + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
+                            std::to_string(max_rows) + " rows of " + std::to_string(m) + " positions");
+}
+
 }  // namespace dhisparse::detail

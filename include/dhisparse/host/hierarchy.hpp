@@ -226,18 +226,7 @@ class host_hierarchy {
     const std::int64_t f = src.books.slot(slot).frontier;
     const std::int64_t n = committed_positions(source, slot);
     const auto m = static_cast<std::int64_t>(d.positions_per_row);
-    if (count == 0)
-      throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                          " with no rows (a block holds at least the anchor)");
-    if (count > cfg_.max_block)
-      throw block_too_wide("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                           " with " + std::to_string(count) + " rows, max_block is " + std::to_string(cfg_.max_block));
-    // the last position must land in a row below the capacity: n + count <= max_rows * m
-    if (count > static_cast<std::size_t>(static_cast<std::int64_t>(cfg_.max_rows) * m - n))
-      throw capacity_exceeded("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
-                              ": positions " + std::to_string(n) + " .. " +
-                              std::to_string(n + static_cast<std::int64_t>(count) - 1) + " exceed the capacity of " +
-                              std::to_string(cfg_.max_rows) + " rows of " + std::to_string(m) + " positions");
+    detail::validate_block(count, cfg_.max_block, n, m, cfg_.max_rows, id, source);
     const std::size_t nrows = rows_of_block(source, slot, count);
     if (rows.size() != nrows * d.payload_layers * d.row_bytes)
       throw size_mismatch("stage_block of request " + std::to_string(id) + " on source " + std::to_string(source) +
