@@ -266,11 +266,7 @@ class hierarchy {
     const std::size_t slot = registry_.slot(id);
     src_[source].books.check_append(id, source, slot, count);
     if (count == 0) return;
-    cudaPointerAttributes attr{};
-    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
-    if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
-      throw invalid_configuration("append: rows must be device-accessible (device or pinned memory); use the "
-                                  "std::span overload for pageable host memory");
+    check_device_accessible(rows, "append");
     append_checked(source, slot, rows, count, stream);
   }
 
@@ -664,11 +660,7 @@ class hierarchy {
   /// frontier stays). Replaces a previous block.
   void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     const std::size_t slot = check_stage(id, source, count);
-    cudaPointerAttributes attr{};
-    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
-    if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
-      throw invalid_configuration("stage_block: rows must be device-accessible (device or pinned memory); use the "
-                                  "std::span overload for pageable host memory");
+    check_device_accessible(rows, "stage_block");
     stage_checked(source, slot, rows, count, stream);
   }
   /// Stages a block from any host memory (the host API's signature), through a stream-ordered
@@ -1396,6 +1388,15 @@ class hierarchy {
     check_source(source);
     if (layer >= Layout::sources[source].payload_layers)
       throw invalid_source("payload layer " + std::to_string(layer) + " outside source " + std::to_string(source));
+  }
+  /// Rows a kernel reads directly must be device memory or pinned host memory (or any memory on a
+  /// device that reads pageable memory); the std::span overloads stage anything else.
+  void check_device_accessible(const std::byte* rows, const char* call) const {
+    cudaPointerAttributes attr{};
+    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
+      throw invalid_configuration(std::string(call) + ": rows must be device-accessible (device or pinned memory); "
+                                  "use the std::span overload for pageable host memory");
   }
   /// The eager calls upload their batch from host staging: they cannot be captured.
   static void check_not_capturing(cudaStream_t stream, const char* call, const char* capture_instead) {
