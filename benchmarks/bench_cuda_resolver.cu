@@ -18,6 +18,8 @@
 // Extra flags (removed before Google Benchmark sees the command line):
 //   --dh_timed_steps=N   timed steps per configuration (default 64, at least 20)
 //   --dh_warmup_steps=N  warm-up steps after the fill step (default 5, at least 1)
+//   --dh_self_copy_units=N  most copy units a batch entry copies with its own CTA (0: every copy
+//                        by the whole grid; default: the library's)
 //   --dh_flush_l2=0|1    overwrite a buffer of 4x the L2 size before every step, outside the
 //                        events (default 1: no method finds rows or state another method or
 //                        step left in L2, as after the other kernels of a real decode step)
@@ -78,6 +80,7 @@ unsigned g_copy_warps = 0;     // --dh_copy_warps: resolver copy warps per CTA (
 unsigned g_rows_per_warp = 0;  // --dh_rows_per_warp: rows in flight per copying warp (0: library default)
 int g_resolver_ctas = 0;  // --dh_resolver_ctas: CTAs per resolve (0: the whole persistent grid)
 int g_early_copy_max_batch = -1;  // --dh_early_copy_max_batch: largest early-copy batch (-1: library default)
+int g_self_copy_units = -1;  // --dh_self_copy_units: most copy units an entry copies itself (-1: library default)
 int g_failures = 0;
 
 std::uint32_t misses_for(double rate) { return static_cast<std::uint32_t>(std::llround(rate * kTopK)); }
@@ -165,6 +168,7 @@ class dh_adapter {
     if (g_copy_warps != 0 || g_rows_per_warp != 0) h_->set_copy_shape(g_copy_warps, g_rows_per_warp);
     if (g_early_copy_max_batch >= 0) h_->set_early_copy_max_batch(static_cast<unsigned>(g_early_copy_max_batch));
     if (g_resolver_ctas > 0) h_->set_resolver_ctas(static_cast<unsigned>(g_resolver_ctas));
+    if (g_self_copy_units >= 0) h_->set_self_copy_units(static_cast<unsigned>(g_self_copy_units));
     slot_of_.resize(requests);
     constexpr std::size_t chunk = 25000;
     for (std::uint32_t q = 0; q < requests; ++q) {
@@ -610,6 +614,7 @@ void parse_own_flags(int& argc, char** argv) {
     else if (std::sscanf(argv[i], "--dh_copy_warps=%u", &v) == 1) g_copy_warps = v;
     else if (std::sscanf(argv[i], "--dh_rows_per_warp=%u", &v) == 1) g_rows_per_warp = v;
     else if (std::sscanf(argv[i], "--dh_early_copy_max_batch=%u", &v) == 1) g_early_copy_max_batch = static_cast<int>(v);
+    else if (std::sscanf(argv[i], "--dh_self_copy_units=%u", &v) == 1) g_self_copy_units = static_cast<int>(v);
     else if (std::sscanf(argv[i], "--dh_resolver_ctas=%u", &v) == 1) g_resolver_ctas = static_cast<int>(v);
     else argv[out++] = argv[i];
   }
@@ -652,6 +657,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("dhisparse_flush_l2", g_flush_l2 ? "1" : "0");
   benchmark::AddCustomContext("dhisparse_early_copy_max_batch",
                               g_early_copy_max_batch < 0 ? "default" : std::to_string(g_early_copy_max_batch));
+  benchmark::AddCustomContext("dhisparse_self_copy_units",
+                              g_self_copy_units < 0 ? "default" : std::to_string(g_self_copy_units));
   benchmark::AddCustomContext("dhisparse_resolver_ctas", g_resolver_ctas == 0 ? "grid" : std::to_string(g_resolver_ctas));
   benchmark::AddCustomContext("dhisparse_copy_shape",
                               std::to_string(g_copy_warps) + " warps x " + std::to_string(g_rows_per_warp) + " rows");

@@ -16,12 +16,16 @@ struct workload {
   std::size_t state_every = 10;  ///< compare state and pools every this many steps
   std::size_t initial_rows = 0;  ///< rows appended on admission (0: a random amount)
   std::uint64_t seed = 1;
+  /// Most copy units an entry copies with its own CTA (-1: the library default; 0: every copy by
+  /// the whole grid; small: entries on both sides of the threshold).
+  int self_copy_units = -1;
 };
 
 template <class Layout, class Hot>
 void run_differential(const dh::hierarchy_config& cfg, const workload& w, const char* name) {
   require_device();
   twin<Layout, Hot> tw(cfg, w.seed);
+  if (w.self_copy_units >= 0) tw.dev.set_self_copy_units(static_cast<unsigned>(w.self_copy_units));
   using T = twin<Layout, Hot>;
   constexpr std::size_t K = Layout::top_k;
   constexpr std::size_t P = Layout::page_rows;
@@ -120,19 +124,32 @@ void run_differential(const dh::hierarchy_config& cfg, const workload& w, const 
   CHECK(direct > 0);
 }
 
+/// A workload of `steps` steps (the other fields as the case needs them).
+workload workload_of(std::size_t steps, std::size_t max_batch, std::size_t state_every, std::uint64_t seed,
+                     int self_copy_units = -1) {
+  workload w;
+  w.steps = steps;
+  w.max_batch = max_batch;
+  w.state_every = state_every;
+  w.seed = seed;
+  w.self_copy_units = self_copy_units;
+  return w;
+}
+/// A hierarchy configuration with the fields these cases vary.
+dh::hierarchy_config config_of(std::size_t max_requests, std::size_t max_rows, std::size_t optional_pages) {
+  dh::hierarchy_config cfg;
+  cfg.max_requests = max_requests;
+  cfg.max_rows = max_rows;
+  cfg.optional_pages = optional_pages;
+  return cfg;
+}
+dh::hierarchy_config tiny_b16_config() { return config_of(4, 200, 6); }
+dh::hierarchy_config rows_576_config() { return config_of(6, 4096, 24); }  ///< k = 256, B = 512
+
 }  // namespace
 
 TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=16", "[gpu][differential]") {
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 4;
-  cfg.max_rows = 200;
-  cfg.optional_pages = 6;
-  workload w;
-  w.steps = 3000;
-  w.max_batch = 4;
-  w.state_every = 5;
-  w.seed = 11;
-  run_differential<dh::layouts::tiny, dh::lru_hot_cache<16>>(cfg, w, "tiny/B16");
+  run_differential<dh::layouts::tiny, dh::lru_hot_cache<16>>(tiny_b16_config(), workload_of(3000, 4, 5, 11), "tiny/B16");
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=64, wide tail", "[gpu][differential]") {
@@ -150,16 +167,7 @@ TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=64, wide tai
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: 576/656-byte rows, k=256, B=512", "[gpu][differential]") {
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 6;
-  cfg.max_rows = 4096;
-  cfg.optional_pages = 24;
-  workload w;
-  w.steps = 1500;
-  w.max_batch = 6;
-  w.state_every = 10;
-  w.seed = 13;
-  run_differential<layout_576, dh::lru_hot_cache<512>>(cfg, w, "576/k256/B512");
+  run_differential<layout_576, dh::lru_hot_cache<512>>(rows_576_config(), workload_of(1500, 6, 10, 13), "576/k256/B512");
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: GLM-like k=2048, B=4096", "[gpu][differential]") {
@@ -174,4 +182,17 @@ TEST_CASE("cuda resolver matches the host hierarchy: GLM-like k=2048, B=4096", "
   w.initial_rows = 12000;
   w.seed = 14;
   run_differential<layout_glm_like, dh::lru_hot_cache<4096>>(cfg, w, "glm-like/k2048/B4096");
+}
+
+// The same workloads with every copy made by the whole grid, and with a threshold that puts the
+// entries of one batch on both sides of it (self copies next to grid copies).
+TEST_CASE("cuda resolver matches the host hierarchy: grid copies only and mixed self copies", "[gpu][differential]") {
+  using tiny_b16 = dh::lru_hot_cache<16>;
+  run_differential<dh::layouts::tiny, tiny_b16>(tiny_b16_config(), workload_of(2000, 4, 5, 21, 0), "tiny/B16/grid copies");
+  run_differential<dh::layouts::tiny, tiny_b16>(tiny_b16_config(), workload_of(2000, 4, 5, 22, 3),
+                                                "tiny/B16/self copies <= 3 units");
+  using b512 = dh::lru_hot_cache<512>;
+  run_differential<layout_576, b512>(rows_576_config(), workload_of(800, 6, 10, 23, 0), "576/k256/B512/grid copies");
+  run_differential<layout_576, b512>(rows_576_config(), workload_of(800, 6, 10, 24, 24),
+                                     "576/k256/B512/self copies <= 24 units");
 }

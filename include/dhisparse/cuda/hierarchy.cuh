@@ -152,10 +152,11 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device));
     if (!can_map || !unified)
       throw invalid_configuration("the CUDA backend needs a device that maps pinned host memory with unified addressing");
-    const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests);
+    const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests,
+                                                                                        widest_row_bytes<Layout>());
     if (prep == cudaErrorInvalidConfiguration)
       throw invalid_configuration("the fused resolver needs " +
-                                  std::to_string(detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests)) +
+                                  std::to_string(resolver_shared_bytes()) +
                                   " bytes of shared memory per CTA, more than this device offers");
     DHISPARSE_CUDA_TRY(prep);
     DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
@@ -195,7 +196,7 @@ class hierarchy {
   [[nodiscard]] int resolver_grid() const { return grid_; }
   /// Dynamic shared memory of one resolver CTA.
   [[nodiscard]] std::size_t resolver_shared_bytes() const {
-    return detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests);
+    return detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests, widest_row_bytes<Layout>());
   }
   /// Shape of the copy phase (a tuning switch): warps per CTA that copy (0: all) and rows each
   /// copying warp keeps in flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
@@ -209,6 +210,10 @@ class hierarchy {
   /// CTAs a resolve launches (a tuning switch): 0 = the whole persistent grid (default), else at
   /// most `ctas`. The kernel is correct for any grid; fewer CTAs launch and retire sooner.
   void set_resolver_ctas(unsigned ctas) { resolver_ctas_ = ctas; }
+  /// Most copy units (missing rows x copied layers) a batch entry copies with its own CTA (a
+  /// tuning switch; default resolve_params::self_copy_units, capped at
+  /// resolve_traits::self_copy_max_units; 0 leaves every copy to the whole grid).
+  void set_self_copy_units(unsigned units) { self_copy_units_ = std::min(units, resolve_traits::self_copy_max_units); }
 
   // ------------------------------------------------------------------ admission
 
@@ -1436,10 +1441,13 @@ class hierarchy {
     p.copy_warps = copy_warps_;
     p.rows_per_warp = rows_per_warp_;
     p.early_copy_max_batch = early_copy_max_batch_;
+    p.self_copy_units = std::min(self_copy_units_, detail::self_copy_capacity<resolve_traits>(
+                                                       widest_row_bytes<Layout>(), Layout::sources[source].row_bytes));
     DHISPARSE_CUDA_TRY(
         (detail::launch_fused_resolve<resolve_traits, order_index>(
             src.view, src.ws, v, p,
-            resolver_ctas_ == 0 ? grid_ : std::min(grid_, static_cast<int>(resolver_ctas_)), stream)));
+            resolver_ctas_ == 0 ? grid_ : std::min(grid_, static_cast<int>(resolver_ctas_)), resolver_shared_bytes(),
+            stream)));
     if (mode == copy_layers::producer_only)
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
   }
@@ -1499,6 +1507,7 @@ class hierarchy {
   unsigned copy_warps_ = 0, rows_per_warp_ = 2;
   unsigned early_copy_max_batch_ = resolve_params{}.early_copy_max_batch;
   unsigned resolver_ctas_ = 0;
+  unsigned self_copy_units_ = resolve_params{}.self_copy_units;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)

@@ -139,6 +139,10 @@ struct resolve_params {
   /// misses are ranked: copies start earlier, and at small batches address order buys nothing
   /// (larger batches copy distinct rows in ascending order, which is kinder to translation).
   std::uint32_t early_copy_max_batch = 16;
+  /// An entry with at most this many copy units (missing rows x layers_to_copy, capped at the
+  /// resolver's self_copy_max_units) copies them with its own CTA: no cross-CTA publication to
+  /// wait for, host reads overlapping its LRU work. Larger entries use the whole grid.
+  std::uint32_t self_copy_units = 32;
 };
 
 static_assert(std::is_trivially_copyable_v<source_view<std::uint16_t>>);

@@ -33,11 +33,20 @@
 ///    groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
 ///    are placed (each distinct row is written once). `plan` still receives the ascending plan of
 ///    distinct rows that follower layers replay.
+///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
+///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
+///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
+///    rows from host memory into shared memory, ranks the misses and rewrites the LRU order while
+///    they are in flight, then stores each distinct row at its hot way. No cross-CTA publication
+///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
+///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase;
+///    when the grid's first tickets cover the batch, no CTA asks for a second.
 ///
 /// Deadlock freedom: a CTA only waits after it found the ticket counter exhausted, i.e. after
 /// every entry was taken by a CTA that is running (metadata never waits). The last CTA to finish
 /// resets the counters and advances the epoch.
 #include <cuda/atomic>
+#include <cuda_pipeline.h>
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
@@ -48,7 +57,11 @@
 #include "../views.cuh"
 
 /// Phase marks for profiling builds: a profiler defines DHISPARSE_RESOLVE_MARK(phase) (for example
-/// to store %globaltimer per CTA) before including this header; by default marks compile to nothing.
+/// to store %globaltimer per CTA, as benchmarks/probes/resolve_phases.cu does) before including
+/// this header; by default marks compile to nothing. Phases: 0 batch count read, 1 entry taken,
+/// 2 round trip 1, 3 round trip 2, 4 classified, 5 missing entries counted (early and self copies
+/// start), 6 ranked, 12 LRU scan, 7 LRU state written, 13 destinations, 8 entry done, 9 copy
+/// CTA saw every entry, 10 prefix of copy units, 11 CTA done.
 #ifndef DHISPARSE_RESOLVE_MARK
 #define DHISPARSE_RESOLVE_MARK(phase) ((void)0)
 #endif
@@ -76,6 +89,9 @@ struct resolve_traits {
   static constexpr int ways_per_thread = ceil_div_int(HotRows, Block);   ///< hot ways per thread
   static constexpr int sort_capacity = 1 << log2_ceil(TopK);  ///< bitonic network width for up to top_k misses
   static constexpr unsigned max_rows_per_warp = 2;
+  /// Most copy units (missing rows x layers) an entry copies with its own CTA (self copy).
+  static constexpr unsigned self_copy_max_units = 32;
+  static constexpr std::size_t self_copy_max_bytes = 24 * 1024;  ///< shared memory for self-copied rows
   static_assert(entries_per_thread <= 32,
                 "dhisparse::cuda: the fused resolver supports top_k <= 32 * block threads (16384 at 512 threads)");
   static_assert(ways_per_thread <= 32,
@@ -100,6 +116,8 @@ struct resolve_traits {
     int miss_key[TopK];   ///< distinct missing rows, ascending (address order)
     int miss_page[TopK];  ///< host-store page of each
     int victim[TopK];     ///< hot way taken by the r-th distinct missing row
+    std::uint64_t self_src[self_copy_max_units];  ///< self copy: host offset of missing entry j
+    location self_dst[self_copy_max_units];       ///< self copy: its destination, no_location for a repeat
     typename scan_t::TempStorage scan;
     alignas(16) row_index hot[HotRows];                          ///< the slot's hot_row, staged in round trip 2
     alignas(16) order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
@@ -238,14 +256,12 @@ __device__ __forceinline__ int rank_misses_in_warp(typename Traits::shared_stora
     const int lane = static_cast<int>(threadIdx.x);
     const int key = lane < raw ? sh.scratch.sort.key[lane] : INT_MAX;
     const int page = lane < raw ? sh.scratch.sort.page[lane] : 0;
-    bool head = lane < raw;  // first occurrence of its row
-    for (int j = 0; j < 32; ++j) {
-      const int other = __shfl_sync(0xffffffffu, key, j);
-      if (j < lane && other == key) head = false;
-    }
+    // First occurrence of its row: the lowest lane holding the same key.
+    const unsigned same = __match_any_sync(0xffffffffu, key);
+    const bool head = lane < raw && (same & ((1u << lane) - 1u)) == 0u;
     const unsigned heads = __ballot_sync(0xffffffffu, head);
     int rank = 0;
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < raw; ++j) {  // raw is uniform: one shuffle per missing entry
       const int other = __shfl_sync(0xffffffffu, key, j);
       if (((heads >> j) & 1u) && other < key) ++rank;
     }
@@ -375,10 +391,43 @@ __device__ __forceinline__ void stage_hot_state(typename Traits::shared_storage&
   for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(sizeof(sh.is_hit) / 4); j += Block) hit_words[j] = 0u;
 }
 
+/// Self copy, first half: issues the asynchronous copies of the entry's `units` (missing entry j,
+/// layer l) = j * layers + l from the host store into shared memory (`self_rows`, unit u at
+/// u * row_bytes); sh.self_src holds each missing entry's host offset.
 template <class Traits, class OrderIndex>
-__device__ void resolve_metadata(typename Traits::shared_storage& sh, const source_view<OrderIndex>& src,
-                                 const workspace_view& ws, const batch_view& batch, unsigned t, unsigned C,
-                                 unsigned epoch, const resolve_params& p) {
+__device__ __forceinline__ void self_copy_fetch(typename Traits::shared_storage& sh, unsigned char* self_rows,
+                                                const source_view<OrderIndex>& src, unsigned units, unsigned layers) {
+  const unsigned vecs = src.row_bytes / 16u;
+  const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
+  for (unsigned i = threadIdx.x; i < units * vecs; i += Traits::block_threads) {
+    const unsigned u = i / vecs, v = i - u * vecs, j = u / layers, l = u - j * layers;
+    __pipeline_memcpy_async(self_rows + static_cast<std::size_t>(u) * src.row_bytes + v * 16u,
+                            src.host_store + sh.self_src[j] + l * layer_host_stride + v * 16u, 16);
+  }
+  __pipeline_commit();
+}
+
+/// Self copy, second half (after a barrier that follows the destinations): waits for the fetched
+/// rows and stores each distinct row into every copied layer's pool.
+template <class Traits, class OrderIndex>
+__device__ __forceinline__ void self_copy_store(typename Traits::shared_storage& sh, const unsigned char* self_rows,
+                                                const source_view<OrderIndex>& src, unsigned units, unsigned layers) {
+  __pipeline_wait_prior(0);
+  __syncthreads();  // every thread's fetches landed
+  const unsigned vecs = src.row_bytes / 16u;
+  for (unsigned i = threadIdx.x; i < units * vecs; i += Traits::block_threads) {
+    const unsigned u = i / vecs, v = i - u * vecs, j = u / layers, l = u - j * layers;
+    const location dst = sh.self_dst[j];
+    if (dst != no_location)
+      reinterpret_cast<int4*>(src.layer_pool[l] + static_cast<std::size_t>(dst) * src.row_bytes)[v] =
+          reinterpret_cast<const int4*>(self_rows + static_cast<std::size_t>(u) * src.row_bytes)[v];
+  }
+}
+
+template <class Traits, class OrderIndex>
+__device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsigned char* self_rows,
+                                 const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
+                                 unsigned t, unsigned C, unsigned epoch, const resolve_params& p) {
   constexpr int Block = Traits::block_threads;
   constexpr int KPT = Traits::entries_per_thread;
   constexpr int WPT = Traits::ways_per_thread;
@@ -549,27 +598,42 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
         ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
             ready_word(epoch, 0, true), ::cuda::memory_order_release);
       }
-      return;  // uniform across the CTA
+      return 0;  // uniform across the CTA
     }
   }
 
-  // Locations of direct entries, hits and padding; hits protect their ways.
-  unsigned n_sel = 0, n_dir = 0, n_hot = 0, n_host = 0, n_miss = 0;
+  // Locations of direct entries, hits and padding; hits protect their ways. The counts go to
+  // shared memory at once (barriers below order them before the stats are read), so no registers
+  // are held through ranking and the LRU work.
+  unsigned n_miss = 0;
+  {
+    unsigned n_sel = 0, n_dir = 0, n_hot = 0, n_host = 0;
 #pragma unroll
-  for (int k = 0; k < KPT; ++k) {
-    const int i = tid + k * Block;
-    if (i < len) {
-      if (e[k] != no_row) ++n_sel;
-      if ((hit >> k) & 1u) {
-        sh.is_hit[way[k]] = 1;
-        ++n_hot;
+    for (int k = 0; k < KPT; ++k) {
+      const int i = tid + k * Block;
+      if (i < len) {
+        if (e[k] != no_row) ++n_sel;
+        if ((hit >> k) & 1u) {
+          sh.is_hit[way[k]] = 1;
+          ++n_hot;
+        }
+        if (!((missing >> k) & 1u)) {
+          out[i] = loc[k];
+          if (e[k] != no_row && !((hit >> k) & 1u)) ++n_dir;
+        } else {
+          ++n_host;
+        }
       }
-      if (!((missing >> k) & 1u)) {
-        out[i] = loc[k];
-        if (e[k] != no_row && !((hit >> k) & 1u)) ++n_dir;
-      } else {
-        ++n_host;
-      }
+    }
+    n_sel = warp_sum(n_sel);
+    n_dir = warp_sum(n_dir);
+    n_hot = warp_sum(n_hot);
+    n_host = warp_sum(n_host);
+    if ((tid & 31) == 0) {
+      atomicAdd(&sh.count[0], n_sel);
+      atomicAdd(&sh.count[1], n_dir);
+      atomicAdd(&sh.count[2], n_hot);
+      atomicAdd(&sh.count[3], n_host);
     }
   }
 
@@ -593,22 +657,38 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
   }
   plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
   plan_entry* const early_plan = ws.early_plan + static_cast<std::size_t>(t) * K;
-  const bool early = C <= p.early_copy_max_batch;
-  if (early) {  // copy sources in selection order, repeats included (their copies are dropped later)
+  const unsigned units = static_cast<unsigned>(raw) * p.layers_to_copy;  // early and self; ranked: set below
+  // Few copies: this CTA makes them itself (no publication for other CTAs to wait on), their host
+  // reads in flight while the misses are ranked and the LRU order is rewritten.
+  const bool self_copy = units <= p.self_copy_units && units <= Traits::self_copy_max_units;
+  const bool early = !self_copy && C <= p.early_copy_max_batch;
+  if (early || self_copy) {  // copy sources in selection order, repeats included (their copies are dropped later)
     int pos = ordinal;
 #pragma unroll
     for (int k = 0; k < KPT; ++k)
       if ((missing >> k) & 1u) {
-        early_plan[pos].host_offset =
+        const std::uint64_t host_offset =
             static_cast<std::uint64_t>(hp[k]) * src.page_bytes +
             static_cast<std::uint64_t>(static_cast<unsigned>(e[k]) % src.page_rows) * src.row_bytes;
-        early_plan[pos].row = e[k];
+        if (self_copy) {
+          sh.self_src[pos] = host_offset;
+        } else {
+          early_plan[pos].host_offset = host_offset;
+          early_plan[pos].row = e[k];
+        }
         ++pos;
       }
   }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(5);
-  const unsigned units = static_cast<unsigned>(raw) * p.layers_to_copy;  // early; ranked: set below
+  if (self_copy) {
+    // Nothing for the copy CTAs: they may go as soon as they see it (a relaxed store suffices, they
+    // read nothing else of this entry).
+    if (tid == 0)
+      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+          ready_word(epoch, 0, true), ::cuda::memory_order_relaxed);
+    self_copy_fetch<Traits>(sh, self_rows, src, units, p.layers_to_copy);
+  }
   if (early && tid == 0 && raw > 0) {
     __threadfence();
     ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
@@ -635,7 +715,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     __syncthreads();
   }
 
-  unsigned published_units = early ? units : 0u;
+  unsigned published_units = early ? units : 0u;  // self copy: 0, published above
   if (__syncthreads_or(hit != 0 || raw != 0)) {  // otherwise every entry was direct: no hot-cache work
     // Distinct missing rows, ascending (address order), into miss_key/miss_page.
     int M = 0;
@@ -654,7 +734,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
           static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
       plan[r].row = row;
     }
-    if (!early) {
+    if (!early && !self_copy) {
       published_units = static_cast<unsigned>(M) * p.layers_to_copy;
       __syncthreads();
       if (tid == 0) {
@@ -680,6 +760,7 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
     }
     int rank = 0, NH = 0;  // non-hit positions before this thread's first
     typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(nh)), rank, NH);
+    DHISPARSE_RESOLVE_MARK(12);
     const int H = B - NH;
     const int kept = NH - M;
 #pragma unroll
@@ -725,27 +806,20 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
         }
         const location at = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
         out[tid + k * Block] = at;
-        if (early) {
+        if (early || self_copy) {
           const unsigned bit = 1u << (lo & 31);
-          early_plan[pos].dst = (atomicOr(&sh.claimed[lo >> 5], bit) & bit) == 0 ? at : no_location;
+          const location dst = (atomicOr(&sh.claimed[lo >> 5], bit) & bit) == 0 ? at : no_location;
+          if (self_copy) sh.self_dst[pos] = dst;
+          else early_plan[pos].dst = dst;
         }
         ++pos;
       }
     }
     n_miss = static_cast<unsigned>(M);
   }
+  DHISPARSE_RESOLVE_MARK(13);
 
   // Stats and publication.
-  n_sel = warp_sum(n_sel);
-  n_dir = warp_sum(n_dir);
-  n_hot = warp_sum(n_hot);
-  n_host = warp_sum(n_host);
-  if ((tid & 31) == 0) {
-    atomicAdd(&sh.count[0], n_sel);
-    atomicAdd(&sh.count[1], n_dir);
-    atomicAdd(&sh.count[2], n_hot);
-    atomicAdd(&sh.count[3], n_host);
-  }
   __syncthreads();
   if (tid == 0) {
     entry_stats st;
@@ -765,12 +839,18 @@ __device__ void resolve_metadata(typename Traits::shared_storage& sh, const sour
   // The barrier orders every thread's plan writes before thread 0's device-scope release, which
   // is cumulative: one fence publishes the whole CTA's writes.
   __syncthreads();
+  if (self_copy) {
+    if (units > 0) self_copy_store<Traits>(sh, self_rows, src, units, p.layers_to_copy);
+    DHISPARSE_RESOLVE_MARK(8);
+    return 0;  // published when classified
+  }
   if (tid == 0) {
     __threadfence();
     ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
         ready_word(epoch, published_units, true), ::cuda::memory_order_release);
   }
   DHISPARSE_RESOLVE_MARK(8);
+  return published_units;
 }
 
 // --------------------------------------------------------------------------------------------
@@ -901,6 +981,13 @@ constexpr std::size_t resolve_storage_bytes() {
   return (sizeof(typename Traits::shared_storage) + 15) / 16 * 16;
 }
 
+/// Offset of the self-copy rows in the resolver's shared memory: after the metadata storage and
+/// the prefix of copy units (capacity + 1 entries).
+template <class Traits>
+__host__ __device__ constexpr std::size_t resolve_self_rows_offset(std::size_t capacity) {
+  return resolve_storage_bytes<Traits>() + ((capacity + 1) * sizeof(unsigned) + 15) / 16 * 16;
+}
+
 template <class Traits, class OrderIndex>
 __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_sm)
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
@@ -924,20 +1011,26 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(0);
   const unsigned C = sh.batch_count, epoch = sh.epoch;
+  // Self-copy rows live after the prefix of copy units.
+  unsigned char* const self_rows = dhisparse_resolve_smem + resolve_self_rows_offset<Traits>(ws.capacity);
 
+  unsigned own_entries = 0, own_units = 0;  // entries this CTA resolved and the copy units they published
   for (;;) {
     const unsigned t = static_cast<unsigned>(sh.ticket);
     if (t >= C) break;
     DHISPARSE_RESOLVE_MARK(1);
-    resolve_metadata<Traits, OrderIndex>(sh, src, ws, batch, t, C, epoch, p);
+    own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p);
+    ++own_entries;
     __syncthreads();
+    if (C <= gridDim.x) break;  // the first tickets of the grid covered every entry
     if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
     __syncthreads();
   }
 
   // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
   unsigned* prefix = reinterpret_cast<unsigned*>(dhisparse_resolve_smem + resolve_storage_bytes<Traits>());
-  resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
+  // A CTA that resolved the whole batch knows it left nothing to copy without reading it back.
+  if (own_entries != C || own_units != 0) resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
@@ -956,23 +1049,34 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
 }
 
 /// Dynamic shared memory of the resolver for a workspace of `capacity` batch entries: the
-/// metadata storage plus the prefix of copy units.
+/// metadata storage, the prefix of copy units and room for self_copy_max_units rows of
+/// `row_bytes` (the widest row of any source).
 template <class Traits>
-constexpr std::size_t resolve_shared_bytes(std::size_t capacity) {
-  return resolve_storage_bytes<Traits>() + (capacity + 1) * sizeof(unsigned);
+constexpr std::size_t resolve_shared_bytes(std::size_t capacity, std::size_t row_bytes) {
+  const std::size_t rows = Traits::self_copy_max_units * row_bytes;
+  return resolve_self_rows_offset<Traits>(capacity) + (rows < Traits::self_copy_max_bytes ? rows : Traits::self_copy_max_bytes);
+}
+
+/// Copy units of `row_bytes` an entry may copy itself when the widest row is `widest_row_bytes`
+/// (what the self-copy rows of resolve_shared_bytes hold).
+template <class Traits>
+constexpr unsigned self_copy_capacity(std::size_t widest_row_bytes, std::size_t row_bytes) {
+  const std::size_t rows = Traits::self_copy_max_units * widest_row_bytes;
+  const std::size_t fit = (rows < Traits::self_copy_max_bytes ? rows : Traits::self_copy_max_bytes) / row_bytes;
+  return static_cast<unsigned>(fit < Traits::self_copy_max_units ? fit : Traits::self_copy_max_units);
 }
 
 /// One-time setup: opt in to the shared memory and compute the persistent grid
 /// (SMs x resident CTAs per SM). Returns cudaErrorInvalidConfiguration when no CTA fits.
 template <class Traits, class OrderIndex>
-cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity) {
+cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity, std::size_t row_bytes) {
   grid = 0;
   int device = 0, sms = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  const std::size_t smem = resolve_shared_bytes<Traits>(capacity);
+  const std::size_t smem = resolve_shared_bytes<Traits>(capacity, row_bytes);
   if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
   auto kernel = fused_resolve_kernel<Traits, OrderIndex>;
   // The attribute belongs to the kernel, not to one hierarchy: allow the device maximum, so a
@@ -991,9 +1095,9 @@ cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity) {
 /// safe inside CUDA graph capture).
 template <class Traits, class OrderIndex>
 cudaError_t launch_fused_resolve(const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
-                                 const resolve_params& p, int grid, cudaStream_t stream) {
+                                 const resolve_params& p, int grid, std::size_t shared_bytes, cudaStream_t stream) {
   fused_resolve_kernel<Traits, OrderIndex>
-      <<<grid, Traits::block_threads, resolve_shared_bytes<Traits>(ws.capacity), stream>>>(src, ws, batch, p);
+      <<<grid, Traits::block_threads, shared_bytes, stream>>>(src, ws, batch, p);
   return cudaGetLastError();
 }
 
