@@ -124,75 +124,51 @@ void run_differential(const dh::hierarchy_config& cfg, const workload& w, const 
   CHECK(direct > 0);
 }
 
-/// A workload of `steps` steps (the other fields as the case needs them).
-workload workload_of(std::size_t steps, std::size_t max_batch, std::size_t state_every, std::uint64_t seed,
-                     int self_copy_units = -1) {
-  workload w;
-  w.steps = steps;
-  w.max_batch = max_batch;
-  w.state_every = state_every;
-  w.seed = seed;
-  w.self_copy_units = self_copy_units;
-  return w;
-}
-/// A hierarchy configuration with the fields these cases vary.
-dh::hierarchy_config config_of(std::size_t max_requests, std::size_t max_rows, std::size_t optional_pages) {
-  dh::hierarchy_config cfg;
-  cfg.max_requests = max_requests;
-  cfg.max_rows = max_rows;
-  cfg.optional_pages = optional_pages;
-  return cfg;
-}
-dh::hierarchy_config tiny_b16_config() { return config_of(4, 200, 6); }
-dh::hierarchy_config rows_576_config() { return config_of(6, 4096, 24); }  ///< k = 256, B = 512
+/// Configurations used by more than one case.
+constexpr dh::hierarchy_config tiny_b16_config{.max_requests = 4, .max_rows = 200, .optional_pages = 6};
+constexpr dh::hierarchy_config rows_576_config{.max_requests = 6, .max_rows = 4096, .optional_pages = 24};  ///< k 256, B 512
 
 }  // namespace
 
 TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=16", "[gpu][differential]") {
-  run_differential<dh::layouts::tiny, dh::lru_hot_cache<16>>(tiny_b16_config(), workload_of(3000, 4, 5, 11), "tiny/B16");
+  run_differential<dh::layouts::tiny, dh::lru_hot_cache<16>>(
+      tiny_b16_config, {.steps = 3000, .max_batch = 4, .state_every = 5, .seed = 11}, "tiny/B16");
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: tiny layout, B=64, wide tail", "[gpu][differential]") {
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 6;
-  cfg.max_rows = 400;
-  cfg.optional_pages = 10;
-  cfg.tail_rows = 12;  // a tail that is not a whole page
-  workload w;
-  w.steps = 3000;
-  w.max_batch = 6;
-  w.state_every = 7;
-  w.seed = 12;
-  run_differential<dh::layouts::tiny, dh::lru_hot_cache<64>>(cfg, w, "tiny/B64");
+  // A tail that is not a whole page.
+  const dh::hierarchy_config cfg{.max_requests = 6, .max_rows = 400, .tail_rows = 12, .optional_pages = 10};
+  run_differential<dh::layouts::tiny, dh::lru_hot_cache<64>>(
+      cfg, {.steps = 3000, .max_batch = 6, .state_every = 7, .seed = 12}, "tiny/B64");
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: 576/656-byte rows, k=256, B=512", "[gpu][differential]") {
-  run_differential<layout_576, dh::lru_hot_cache<512>>(rows_576_config(), workload_of(1500, 6, 10, 13), "576/k256/B512");
+  run_differential<layout_576, dh::lru_hot_cache<512>>(
+      rows_576_config, {.steps = 1500, .max_batch = 6, .state_every = 10, .seed = 13}, "576/k256/B512");
 }
 
 TEST_CASE("cuda resolver matches the host hierarchy: GLM-like k=2048, B=4096", "[gpu][differential]") {
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 3;
-  cfg.max_rows = 20000;
-  cfg.optional_pages = 32;
-  workload w;
-  w.steps = 40;
-  w.max_batch = 3;
-  w.state_every = 4;
-  w.initial_rows = 12000;
-  w.seed = 14;
-  run_differential<layout_glm_like, dh::lru_hot_cache<4096>>(cfg, w, "glm-like/k2048/B4096");
+  const dh::hierarchy_config cfg{.max_requests = 3, .max_rows = 20000, .optional_pages = 32};
+  run_differential<layout_glm_like, dh::lru_hot_cache<4096>>(
+      cfg, {.steps = 40, .max_batch = 3, .state_every = 4, .initial_rows = 12000, .seed = 14}, "glm-like/k2048/B4096");
 }
 
 // The same workloads with every copy made by the whole grid, and with a threshold that puts the
 // entries of one batch on both sides of it (self copies next to grid copies).
 TEST_CASE("cuda resolver matches the host hierarchy: grid copies only and mixed self copies", "[gpu][differential]") {
-  using tiny_b16 = dh::lru_hot_cache<16>;
-  run_differential<dh::layouts::tiny, tiny_b16>(tiny_b16_config(), workload_of(2000, 4, 5, 21, 0), "tiny/B16/grid copies");
-  run_differential<dh::layouts::tiny, tiny_b16>(tiny_b16_config(), workload_of(2000, 4, 5, 22, 3),
-                                                "tiny/B16/self copies <= 3 units");
+  using tiny = dh::layouts::tiny;
+  using b16 = dh::lru_hot_cache<16>;
+  run_differential<tiny, b16>(tiny_b16_config,
+                              {.steps = 2000, .max_batch = 4, .state_every = 5, .seed = 21, .self_copy_units = 0},
+                              "tiny/B16/grid copies");
+  run_differential<tiny, b16>(tiny_b16_config,
+                              {.steps = 2000, .max_batch = 4, .state_every = 5, .seed = 22, .self_copy_units = 3},
+                              "tiny/B16/self copies <= 3 units");
   using b512 = dh::lru_hot_cache<512>;
-  run_differential<layout_576, b512>(rows_576_config(), workload_of(800, 6, 10, 23, 0), "576/k256/B512/grid copies");
-  run_differential<layout_576, b512>(rows_576_config(), workload_of(800, 6, 10, 24, 24),
+  run_differential<layout_576, b512>(rows_576_config,
+                                     {.steps = 800, .max_batch = 6, .state_every = 10, .seed = 23, .self_copy_units = 0},
+                                     "576/k256/B512/grid copies");
+  run_differential<layout_576, b512>(rows_576_config,
+                                     {.steps = 800, .max_batch = 6, .state_every = 10, .seed = 24, .self_copy_units = 24},
                                      "576/k256/B512/self copies <= 24 units");
 }

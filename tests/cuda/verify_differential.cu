@@ -539,65 +539,31 @@ class spec_run {
 TEST_CASE("cuda verify matches the host hierarchy: tiny layout, B = top_k (staging overflow), K_max 4",
           "[gpu][verify][differential]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 4;
-  cfg.max_rows = 300;
-  cfg.optional_pages = 6;
-  cfg.max_block = 4;
-  spec_workload w;
-  w.rounds = 2500;
-  w.max_batch = 4;
-  w.state_every = 5;
-  w.seed = 51;
+  const dh::hierarchy_config cfg{.max_requests = 4, .max_rows = 300, .optional_pages = 6, .max_block = 4};
+  const spec_workload w{.rounds = 2500, .max_batch = 4, .state_every = 5, .seed = 51};
   spec_run<dh::layouts::tiny, dh::lru_hot_cache<16>>(cfg, w, "tiny/B16/K4").run();
 }
 
 TEST_CASE("cuda verify matches the host hierarchy: tiny layout, B=64, 12-row tail, K_max 3",
           "[gpu][verify][differential]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 6;
-  cfg.max_rows = 500;
-  cfg.optional_pages = 10;
-  cfg.tail_rows = 12;
-  cfg.max_block = 3;
-  spec_workload w;
-  w.rounds = 2500;
-  w.max_batch = 6;
-  w.state_every = 7;
-  w.seed = 52;
+  const dh::hierarchy_config cfg{.max_requests = 6, .max_rows = 500, .tail_rows = 12, .optional_pages = 10, .max_block = 3};
+  const spec_workload w{.rounds = 2500, .max_batch = 6, .state_every = 7, .seed = 52};
   spec_run<dh::layouts::tiny, dh::lru_hot_cache<64>>(cfg, w, "tiny/B64/K3").run();
 }
 
 TEST_CASE("cuda verify matches the host hierarchy: 576/656-byte rows, k=256, B=512, K_max 8",
           "[gpu][verify][differential]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 5;
-  cfg.max_rows = 4096;
-  cfg.optional_pages = 16;
-  cfg.max_block = 8;
-  spec_workload w;
-  w.rounds = 500;
-  w.max_batch = 5;
-  w.state_every = 10;
-  w.seed = 53;
+  const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 4096, .optional_pages = 16, .max_block = 8};
+  const spec_workload w{.rounds = 500, .max_batch = 5, .state_every = 10, .seed = 53};
   spec_run<layout_576, dh::lru_hot_cache<512>>(cfg, w, "576/k256/B512/K8").run();
 }
 
 TEST_CASE("cuda verify matches the host hierarchy: GLM-like k=2048, B=4096, K_max 8", "[gpu][verify][differential]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 3;
-  cfg.max_rows = 20000;
-  cfg.optional_pages = 16;
-  cfg.max_block = 8;
-  spec_workload w;
-  w.rounds = 30;
-  w.max_batch = 3;
-  w.state_every = 5;
-  w.initial_rows = 12000;
-  w.seed = 54;
+  const dh::hierarchy_config cfg{.max_requests = 3, .max_rows = 20000, .optional_pages = 16, .max_block = 8};
+  const spec_workload w{.rounds = 30, .max_batch = 3, .state_every = 5, .initial_rows = 12000, .seed = 54};
   spec_run<layout_glm_like, dh::lru_hot_cache<4096>>(cfg, w, "glm-like/k2048/B4096/K8").run();
 }
 
@@ -615,33 +581,16 @@ static_assert(dh::valid_layout<layout_packed>);
 TEST_CASE("cuda verify matches the host hierarchy: packed rows (m = 2 and 4), B = top_k, K_max 4",
           "[gpu][verify][differential][packed]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 4;
-  cfg.max_rows = 300;
-  cfg.optional_pages = 6;
-  cfg.max_block = 4;
-  spec_workload w;
-  w.rounds = 2500;
-  w.max_batch = 4;
-  w.state_every = 5;
-  w.seed = 61;
+  const dh::hierarchy_config cfg{.max_requests = 4, .max_rows = 300, .optional_pages = 6, .max_block = 4};
+  const spec_workload w{.rounds = 2500, .max_batch = 4, .state_every = 5, .seed = 61};
   spec_run<layout_packed, dh::lru_hot_cache<16>>(cfg, w, "packed/B16/K4").run();
 }
 
 TEST_CASE("cuda verify matches the host hierarchy: packed rows (m = 2 and 4), B=64, 12-row tail, K_max 7",
           "[gpu][verify][differential][packed]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 5;
-  cfg.max_rows = 400;
-  cfg.optional_pages = 8;
-  cfg.tail_rows = 12;
-  cfg.max_block = 7;
-  spec_workload w;
-  w.rounds = 2500;
-  w.max_batch = 5;
-  w.state_every = 7;
-  w.seed = 62;
+  const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 400, .tail_rows = 12, .optional_pages = 8, .max_block = 7};
+  const spec_workload w{.rounds = 2500, .max_batch = 5, .state_every = 7, .seed = 62};
   spec_run<layout_packed, dh::lru_hot_cache<64>>(cfg, w, "packed/B64/K7").run();
 }
 
@@ -922,33 +871,16 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
 TEST_CASE("cuda verify with shared staging arenas matches the host: tiny layout, B = top_k, K_max 4",
           "[gpu][verify][differential][staging]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 4;
-  cfg.max_rows = 300;
-  cfg.optional_pages = 6;
-  cfg.max_block = 4;
-  spec_workload w;
-  w.rounds = 2500;
-  w.max_batch = 4;
-  w.state_every = 5;
-  w.seed = 71;
+  const dh::hierarchy_config cfg{.max_requests = 4, .max_rows = 300, .optional_pages = 6, .max_block = 4};
+  const spec_workload w{.rounds = 2500, .max_batch = 4, .state_every = 5, .seed = 71};
   spec_run<dh::layouts::tiny, dh::lru_hot_cache<16>, dh::staging_arenas<2>>(cfg, w, "tiny/B16/K4/arenas2").run();
 }
 
 TEST_CASE("cuda verify with shared staging arenas matches the host: packed rows, B=64, 12-row tail, K_max 7",
           "[gpu][verify][differential][staging][packed]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = 5;
-  cfg.max_rows = 400;
-  cfg.optional_pages = 8;
-  cfg.tail_rows = 12;
-  cfg.max_block = 7;
-  spec_workload w;
-  w.rounds = 1500;
-  w.max_batch = 5;
-  w.state_every = 7;
-  w.seed = 72;
+  const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 400, .tail_rows = 12, .optional_pages = 8, .max_block = 7};
+  const spec_workload w{.rounds = 1500, .max_batch = 5, .state_every = 7, .seed = 72};
   spec_run<layout_packed, dh::lru_hot_cache<64>, dh::staging_arenas<3>>(cfg, w, "packed/B64/K7/arenas3").run();
 }
 

@@ -83,11 +83,7 @@ class device_batch {
 
   /// Reads `entries * stride` locations back (synchronises `stream`).
   [[nodiscard]] std::vector<location> download_locations(std::uint32_t entries, cudaStream_t stream) const {
-    std::vector<location> out(static_cast<std::size_t>(entries) * stride_);
-    if (!out.empty())
-      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(out.data(), locations(), out.size() * sizeof(location), cudaMemcpyDeviceToHost, stream));
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    return out;
+    return detail::download_sync(locations(), static_cast<std::size_t>(entries) * stride_, stream);
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "error.cuh"
 
@@ -146,6 +147,15 @@ decltype(auto) with_device_copy(std::span<const std::byte> bytes, cudaStream_t s
     release();
     return result;
   }
+}
+
+/// Copies `n` objects from device memory into a new vector in `stream` order and waits for them.
+template <class T>
+std::vector<T> download_sync(const T* device, std::size_t n, cudaStream_t stream) {
+  std::vector<T> out(n);
+  if (n != 0) DHISPARSE_CUDA_TRY(cudaMemcpyAsync(out.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  return out;
 }
 
 /// Carves aligned sub-ranges out of one allocation (two-phase sizing: run once with no base to

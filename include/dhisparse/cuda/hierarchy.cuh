@@ -1144,13 +1144,8 @@ class hierarchy {
     const std::size_t b = speculative() ? src_[source].partial[slot] : 0;
     return count == 0 ? 0 : (b + count - 1) / m + 1;
   }
-  /// A source's follower layers must have replayed the last plan before its cache state moves on.
   void check_followers_copied(std::size_t source, const char* call) const {
-    const auto& pending = src_[source].layer_pending;
-    for (std::size_t l = 0; l < pending.size(); ++l)
-      if (pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
+    dhisparse::detail::check_followers_copied(src_[source].layer_pending, source, call);
   }
   /// Shared arenas: a verify on another stream than the last release waits for that release. A
   /// verify captured into a graph after a release that was not captured waits on the event as an

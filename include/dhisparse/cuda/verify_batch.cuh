@@ -142,12 +142,7 @@ class device_verify_batch {
                                                          cudaStream_t stream) const {
     if (e >= capacity_ || j >= max_block_ || length > stride_)
       throw size_mismatch("device_verify_batch download outside the buffers");
-    std::vector<location> out(length);
-    if (length != 0)
-      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(out.data(), locations(e, j), length * sizeof(location), cudaMemcpyDeviceToHost,
-                                         stream));
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    return out;
+    return detail::download_sync(locations(e, j), length, stream);
   }
 
  private:

@@ -6,12 +6,22 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "../errors.hpp"
 #include "../types.hpp"
 #include "config.hpp"
 
 namespace dhisparse::detail {
+
+/// A source's follower layers must have replayed the last plan before its cache state moves on:
+/// throws pending_follower_copies naming the first layer still pending (`call` says what waited).
+inline void check_followers_copied(const std::vector<bool>& pending, std::size_t source, const char* call) {
+  for (std::size_t l = 0; l < pending.size(); ++l)
+    if (pending[l])
+      throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
+                                    std::to_string(l) + " copied the previous plan");
+}
 
 /// Category of one selection entry against a request's state; `no_error` when acceptable.
 enum class entry_check : std::uint8_t { ok, out_of_range, beyond_frontier };

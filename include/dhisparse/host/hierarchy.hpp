@@ -551,13 +551,8 @@ class host_hierarchy {
       }
     }
   }
-  /// A source's follower layers must have replayed the last plan before the cache state moves on.
   void check_followers_copied(std::size_t source, const char* call) const {
-    const auto& pending = src_[source].layer_pending;
-    for (std::size_t l = 0; l < pending.size(); ++l)
-      if (pending[l])
-        throw pending_follower_copies("source " + std::to_string(source) + " " + call + " before payload layer " +
-                                      std::to_string(l) + " copied the previous plan");
+    dhisparse::detail::check_followers_copied(src_[source].layer_pending, source, call);
   }
   /// Slots of a batch's requests, validating each item (unknown request, the same request twice,
   /// then `validate(slot, item)`) before anything changes.
