@@ -112,6 +112,7 @@ struct resolve_traits {
       } sort;
       unsigned bits[2 * sort_capacity];  ///< rank bitmap over [lo, lo + bitmap_bits) of the missing rows
     } scratch;
+    unsigned word_rank[2 * sort_capacity];  ///< bitmap ranking: distinct misses before each bitmap word
     unsigned claimed[(TopK + 31) / 32];  ///< early copies: distinct misses already given a copy
     int miss_key[TopK];   ///< distinct missing rows, ascending (address order)
     int miss_page[TopK];  ///< host-store page of each
@@ -275,6 +276,21 @@ __device__ __forceinline__ int rank_misses_in_warp(typename Traits::shared_stora
   return sh.misses;
 }
 
+/// More than 32 missing entries (`raw`) whose rows span fewer than bitmap_bits rows: ranked by
+/// the bitmap (reads the entry's row span from shared memory, so the decision holds no register).
+template <class Traits>
+__device__ __forceinline__ bool ranks_by_bitmap(const typename Traits::shared_storage& sh, int raw) {
+  return raw > 32 && static_cast<long long>(sh.miss_hi) - sh.miss_lo < Traits::bitmap_bits;
+}
+
+/// Rank of marked row `row` among the distinct misses, after rank_misses_by_bitmap: the misses
+/// before its bitmap word plus the marked bits below it in the word.
+template <class Traits>
+__device__ __forceinline__ int bitmap_rank(const typename Traits::shared_storage& sh, int miss_lo, int row) {
+  const unsigned bit = static_cast<unsigned>(row - miss_lo);
+  return static_cast<int>(sh.word_rank[bit >> 5] + __popc(sh.scratch.bits[bit >> 5] & ((1u << (bit & 31u)) - 1u)));
+}
+
 /// Missing rows marked in the bitmap over [miss_lo, miss_lo + bitmap_bits): a scan of the words'
 /// population counts places every distinct row; repeats fall on the same bit. Returns the number
 /// of distinct rows (uniform; ends with a barrier).
@@ -297,22 +313,16 @@ __device__ __forceinline__ int rank_misses_by_bitmap(typename Traits::shared_sto
   typename Traits::scan_t(sh.scan).ExclusiveSum(mine, at, M);
 #pragma unroll
   for (int j = 0; j < words_per_thread; ++j) {
-    const int first = miss_lo + (tid * words_per_thread + j) * 32;
+    const int idx = tid * words_per_thread + j;
+    if (idx < words) sh.word_rank[idx] = static_cast<unsigned>(at);  // O(1) rank of any marked row
+    const int first = miss_lo + idx * 32;
     for (unsigned x = w[j]; x != 0u; x &= x - 1u) sh.miss_key[at++] = first + __ffs(static_cast<int>(x)) - 1;
   }
   __syncthreads();
   // The host page of each distinct row, from any entry that selected it (repeats agree).
 #pragma unroll
   for (int k = 0; k < KPT; ++k)
-    if ((missing >> k) & 1u) {
-      int lo = 0, hi = M;  // miss_key[lo] <= e[k] < miss_key[hi]
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (sh.miss_key[mid] <= e[k]) lo = mid;
-        else hi = mid;
-      }
-      sh.miss_page[lo] = hp[k];
-    }
+    if ((missing >> k) & 1u) sh.miss_page[bitmap_rank<Traits>(sh, miss_lo, e[k])] = hp[k];
   __syncthreads();
   return M;
 }
@@ -695,9 +705,8 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
         ready_word(epoch, units, false), ::cuda::memory_order_release);
   }
   const int miss_lo = sh.miss_lo;
-  const miss_ranking ranking = raw <= 32 ? miss_ranking::warp
-                               : static_cast<long long>(sh.miss_hi) - miss_lo < Traits::bitmap_bits ? miss_ranking::bitmap
-                                                                                                   : miss_ranking::sort;
+  const miss_ranking ranking =
+      raw <= 32 ? miss_ranking::warp : ranks_by_bitmap<Traits>(sh, raw) ? miss_ranking::bitmap : miss_ranking::sort;
   if (raw > 0) {
     int pos = ordinal;
 #pragma unroll
@@ -792,17 +801,22 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     __syncthreads();
     DHISPARSE_RESOLVE_MARK(7);
 
-    // Missing entries: find their row among the distinct misses (binary search) for its way. An
+    // Missing entries: find their row among the distinct misses (bitmap rank, else binary search) for its way. An
     // early copy takes the destination too, once per distinct row (a repeat's copy is dropped).
     int pos = ordinal;
 #pragma unroll
     for (int k = 0; k < KPT; ++k) {
       if ((missing >> k) & 1u) {
-        int lo = 0, hi = M;  // key[lo] <= e < key[hi]
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) / 2;
-          if (sh.miss_key[mid] <= e[k]) lo = mid;
-          else hi = mid;
+        int lo = 0;
+        if (ranks_by_bitmap<Traits>(sh, raw)) {
+          lo = bitmap_rank<Traits>(sh, sh.miss_lo, e[k]);
+        } else {
+          int hi = M;  // key[lo] <= e < key[hi]
+          while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (sh.miss_key[mid] <= e[k]) lo = mid;
+            else hi = mid;
+          }
         }
         const location at = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
         out[tid + k * Block] = at;
