@@ -29,8 +29,9 @@
 ///    list (ascending rows = host address order within a request).
 ///  * early copies (batches of at most `resolve_params::early_copy_max_batch` entries, where address order buys
 ///    nothing): an entry publishes its missing entries in selection order (`early_plan`, repeats
-///    included) right after classifying them, before ranking, and its copy units are claimed in
-///    groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
+///    included) right after classifying them, before ranking (no fence: a copy CTA checks each
+///    source again once it sees `placed` and fetches the row again if it read a stale one), and
+///    its copy units are claimed in groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
 ///    are placed (each distinct row is written once). `plan` still receives the ascending plan of
 ///    distinct rows that follower layers replay.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
@@ -683,7 +684,10 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
         if (self_copy) {
           sh.self_src[pos] = host_offset;
         } else {
-          early_plan[pos].host_offset = host_offset;
+          // Read by copy CTAs before this entry publishes `placed`: an atomic store, so a reader
+          // sees this launch's offset or an earlier one (every one a valid offset), never a torn one.
+          ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(early_plan[pos].host_offset)
+              .store(host_offset, ::cuda::memory_order_relaxed);
           early_plan[pos].row = e[k];
         }
         ++pos;
@@ -699,11 +703,12 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
           ready_word(epoch, 0, true), ::cuda::memory_order_relaxed);
     self_copy_fetch<Traits>(sh, self_rows, src, units, p.layers_to_copy);
   }
-  if (early && tid == 0 && raw > 0) {
-    __threadfence();
+  // Early copies: the count alone, with no fence (the fence stalled the whole CTA at its next
+  // barrier). A copy CTA may read a source before it lands; it checks every source again once
+  // `placed` (published with a fence) is seen, and fetches the row again if it changed.
+  if (early && tid == 0 && raw > 0)
     ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-        ready_word(epoch, units, false), ::cuda::memory_order_release);
-  }
+        ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
   const int miss_lo = sh.miss_lo;
   const miss_ranking ranking =
       raw <= 32 ? miss_ranking::warp : ranks_by_bitmap<Traits>(sh, raw) ? miss_ranking::bitmap : miss_ranking::sort;
@@ -941,8 +946,13 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
         const unsigned e = entry_of_unit(prefix, C, u);
         const unsigned local = u - prefix[e];
         const unsigned m = local / layers, l = local - m * layers;
-        const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(e) * Traits::top_k + m);
-        s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + l * layer_host_stride);
+        const plan_entry* at = copy_plan + static_cast<std::size_t>(e) * Traits::top_k + m;
+        // Early plans are published without a fence: read the source atomically (validated below).
+        const std::uint64_t offset =
+            early ? ::cuda::atomic_ref<const std::uint64_t, ::cuda::thread_scope_device>(at->host_offset)
+                        .load(::cuda::memory_order_relaxed)
+                  : load_plan(at).host_offset;
+        s[k] = reinterpret_cast<const int4*>(src.host_store + offset + l * layer_host_stride);
         ent[k] = e;
         idx[k] = m;
         lay[k] = l;
@@ -953,6 +963,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
     int4 buf[copy_vectors_per_lane];
     warp_load_chunk<RM>(s, total_v, vecs, lane, 0, buf);
     int4* d[RM];
+    bool refetch = false;
 #pragma unroll
     for (unsigned k = 0; k < RM; ++k) {
       d[k] = nullptr;
@@ -961,8 +972,15 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
         const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(ent[k]) * Traits::top_k + idx[k]);
         if (pe.dst != no_location)  // a repeated row of an early copy: another unit writes it
           d[k] = reinterpret_cast<int4*>(src.layer_pool[lay[k]] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
+        const int4* placed_src =
+            reinterpret_cast<const int4*>(src.host_store + pe.host_offset + lay[k] * layer_host_stride);
+        if (placed_src != s[k]) {  // read before this launch's source landed (uniform across the warp)
+          s[k] = placed_src;
+          refetch = true;
+        }
       }
     }
+    if (refetch) warp_load_chunk<RM>(s, total_v, vecs, lane, 0, buf);
     warp_store_chunk<RM>(d, total_v, vecs, lane, 0, buf);
     for (unsigned v0 = copy_chunk_vectors; v0 < total_v; v0 += copy_chunk_vectors) {
       warp_load_chunk<RM>(s, total_v, vecs, lane, v0, buf);
