@@ -78,6 +78,8 @@ std::uint32_t g_warmup_steps = 5;
 bool g_flush_l2 = true;
 unsigned g_copy_warps = 0;     // --dh_copy_warps: resolver copy warps per CTA (0: library default)
 unsigned g_rows_per_warp = 0;  // --dh_rows_per_warp: rows in flight per copying warp (0: library default)
+unsigned g_early_copy_warps = 0;     // --dh_early_copy_warps: early-copy warps per CTA (0: library default)
+unsigned g_early_rows_per_warp = 0;  // --dh_early_rows_per_warp: rows per early-copy warp (0: library default)
 int g_resolver_ctas = 0;  // --dh_resolver_ctas: CTAs per resolve (0: the whole persistent grid)
 int g_early_copy_max_batch = -1;  // --dh_early_copy_max_batch: largest early-copy batch (-1: library default)
 int g_self_copy_units = -1;  // --dh_self_copy_units: most copy units an entry copies itself (-1: library default)
@@ -166,6 +168,11 @@ class dh_adapter {
   dh_adapter(std::uint32_t requests, const std::byte* history, cudaStream_t s) : stream_(s) {
     h_ = std::make_unique<hierarchy>(config(requests), s);
     if (g_copy_warps != 0 || g_rows_per_warp != 0) h_->set_copy_shape(g_copy_warps, g_rows_per_warp);
+    if (g_early_copy_warps != 0 || g_early_rows_per_warp != 0) {
+      const dhisparse::cuda::resolve_params defaults;
+      h_->set_early_copy_shape(g_early_copy_warps != 0 ? g_early_copy_warps : defaults.early_copy_warps,
+                               g_early_rows_per_warp != 0 ? g_early_rows_per_warp : defaults.early_rows_per_warp);
+    }
     if (g_early_copy_max_batch >= 0) h_->set_early_copy_max_batch(static_cast<unsigned>(g_early_copy_max_batch));
     if (g_resolver_ctas > 0) h_->set_resolver_ctas(static_cast<unsigned>(g_resolver_ctas));
     if (g_self_copy_units >= 0) h_->set_self_copy_units(static_cast<unsigned>(g_self_copy_units));
@@ -613,6 +620,8 @@ void parse_own_flags(int& argc, char** argv) {
     else if (std::sscanf(argv[i], "--dh_flush_l2=%u", &v) == 1) g_flush_l2 = v != 0;
     else if (std::sscanf(argv[i], "--dh_copy_warps=%u", &v) == 1) g_copy_warps = v;
     else if (std::sscanf(argv[i], "--dh_rows_per_warp=%u", &v) == 1) g_rows_per_warp = v;
+    else if (std::sscanf(argv[i], "--dh_early_copy_warps=%u", &v) == 1) g_early_copy_warps = v;
+    else if (std::sscanf(argv[i], "--dh_early_rows_per_warp=%u", &v) == 1) g_early_rows_per_warp = v;
     else if (std::sscanf(argv[i], "--dh_early_copy_max_batch=%u", &v) == 1) g_early_copy_max_batch = static_cast<int>(v);
     else if (std::sscanf(argv[i], "--dh_self_copy_units=%u", &v) == 1) g_self_copy_units = static_cast<int>(v);
     else if (std::sscanf(argv[i], "--dh_resolver_ctas=%u", &v) == 1) g_resolver_ctas = static_cast<int>(v);
@@ -662,6 +671,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("dhisparse_resolver_ctas", g_resolver_ctas == 0 ? "grid" : std::to_string(g_resolver_ctas));
   benchmark::AddCustomContext("dhisparse_copy_shape",
                               std::to_string(g_copy_warps) + " warps x " + std::to_string(g_rows_per_warp) + " rows");
+  benchmark::AddCustomContext("dhisparse_early_copy_shape", std::to_string(g_early_copy_warps) + " warps x " +
+                                                                std::to_string(g_early_rows_per_warp) + " rows");
   benchmark::RunSpecifiedBenchmarks();
   g_phase_a.reset();
   g_phase_b.reset();

@@ -19,6 +19,12 @@ struct workload {
   /// Most copy units an entry copies with its own CTA (-1: the library default; 0: every copy by
   /// the whole grid; small: entries on both sides of the threshold).
   int self_copy_units = -1;
+  /// Largest batch that copies early (-1: the library default; 0: every batch copies its distinct
+  /// rows in address order, the path of large batches).
+  int early_copy_max_batch = -1;
+  /// Copy shapes, warps per CTA x rows per warp (0 x 0: the library default): address-ordered
+  /// copies and early copies.
+  unsigned copy_warps = 0, rows_per_warp = 0, early_copy_warps = 0, early_rows_per_warp = 0;
 };
 
 template <class Layout, class Hot>
@@ -26,6 +32,9 @@ void run_differential(const dh::hierarchy_config& cfg, const workload& w, const 
   require_device();
   twin<Layout, Hot> tw(cfg, w.seed);
   if (w.self_copy_units >= 0) tw.dev.set_self_copy_units(static_cast<unsigned>(w.self_copy_units));
+  if (w.early_copy_max_batch >= 0) tw.dev.set_early_copy_max_batch(static_cast<unsigned>(w.early_copy_max_batch));
+  if (w.copy_warps != 0) tw.dev.set_copy_shape(w.copy_warps, w.rows_per_warp);
+  if (w.early_copy_warps != 0) tw.dev.set_early_copy_shape(w.early_copy_warps, w.early_rows_per_warp);
   using T = twin<Layout, Hot>;
   constexpr std::size_t K = Layout::top_k;
   constexpr std::size_t P = Layout::page_rows;
@@ -171,4 +180,26 @@ TEST_CASE("cuda resolver matches the host hierarchy: grid copies only and mixed 
   run_differential<layout_576, b512>(rows_576_config,
                                      {.steps = 800, .max_batch = 6, .state_every = 10, .seed = 24, .self_copy_units = 24},
                                      "576/k256/B512/self copies <= 24 units");
+}
+
+// Both copy paths under several shapes: address-ordered copies (forced for these small batches)
+// with one warp per CTA and one or two rows in flight, and early copies with every warp and two
+// rows each (the shape before early copies had their own) or one warp per CTA.
+TEST_CASE("cuda resolver matches the host hierarchy: copy paths and shapes", "[gpu][differential]") {
+  using b512 = dh::lru_hot_cache<512>;
+  const auto run = [](const workload& w, const char* name) {
+    run_differential<layout_576, b512>(rows_576_config, w, name);
+  };
+  run({.steps = 600, .max_batch = 6, .state_every = 10, .seed = 31, .self_copy_units = 0, .early_copy_max_batch = 0,
+       .copy_warps = 1, .rows_per_warp = 1},
+      "576/ordered copies/1 warp x 1 row");
+  run({.steps = 600, .max_batch = 6, .state_every = 10, .seed = 32, .early_copy_max_batch = 0, .copy_warps = 3,
+       .rows_per_warp = 2},
+      "576/ordered copies/3 warps x 2 rows");
+  run({.steps = 600, .max_batch = 6, .state_every = 10, .seed = 33, .self_copy_units = 0, .early_copy_warps = 32,
+       .early_rows_per_warp = 2},
+      "576/early copies/32 warps x 2 rows");
+  run({.steps = 600, .max_batch = 6, .state_every = 10, .seed = 34, .self_copy_units = 4, .early_copy_warps = 1,
+       .early_rows_per_warp = 1},
+      "576/early copies/1 warp x 1 row");
 }

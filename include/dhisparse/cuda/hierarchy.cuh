@@ -198,11 +198,18 @@ class hierarchy {
   [[nodiscard]] std::size_t resolver_shared_bytes() const {
     return detail::resolve_shared_bytes<resolve_traits>(cfg_.max_requests, widest_row_bytes<Layout>());
   }
-  /// Shape of the copy phase (a tuning switch): warps per CTA that copy (0: all) and rows each
-  /// copying warp keeps in flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
+  /// Shape of the address-ordered copy phase of batches above early_copy_max_batch (a tuning
+  /// switch): warps per CTA that copy (0: all) and rows each copying warp keeps in flight (1 or
+  /// 2). Fewer rows in flight touch fewer host pages at once.
   void set_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
     copy_warps_ = copy_warps;
     rows_per_warp_ = rows_per_warp;
+  }
+  /// Shape of early copies (a tuning switch; default 8 warps per CTA, 1 row each): see
+  /// resolve_params::early_copy_warps.
+  void set_early_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
+    early_copy_warps_ = copy_warps;
+    early_rows_per_warp_ = rows_per_warp;
   }
   /// Largest batch whose copies start early, in selection order (a tuning switch; default 16,
   /// 0 turns early copies off): see resolve_params::early_copy_max_batch.
@@ -1435,6 +1442,8 @@ class hierarchy {
     p.layers_to_copy = mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
     p.copy_warps = copy_warps_;
     p.rows_per_warp = rows_per_warp_;
+    p.early_copy_warps = early_copy_warps_;
+    p.early_rows_per_warp = early_rows_per_warp_;
     p.early_copy_max_batch = early_copy_max_batch_;
     p.self_copy_units = std::min(self_copy_units_, detail::self_copy_capacity<resolve_traits>(
                                                        widest_row_bytes<Layout>(), Layout::sources[source].row_bytes));
@@ -1499,7 +1508,9 @@ class hierarchy {
   int sm_count_ = 0;
   int grid_ = 0;
   int pageable_access_ = 0;
-  unsigned copy_warps_ = 0, rows_per_warp_ = 2;
+  unsigned copy_warps_ = resolve_params{}.copy_warps, rows_per_warp_ = resolve_params{}.rows_per_warp;
+  unsigned early_copy_warps_ = resolve_params{}.early_copy_warps;
+  unsigned early_rows_per_warp_ = resolve_params{}.early_rows_per_warp;
   unsigned early_copy_max_batch_ = resolve_params{}.early_copy_max_batch;
   unsigned resolver_ctas_ = 0;
   unsigned self_copy_units_ = resolve_params{}.self_copy_units;

@@ -27,13 +27,16 @@
 ///    for their entries' `placed` bit, so PCIe reads overlap the LRU work of the entries. No
 ///    atomics on this copy path: at any moment the grid works on one contiguous window of the
 ///    list (ascending rows = host address order within a request).
-///  * early copies (batches of at most `resolve_params::early_copy_max_batch` entries, where address order buys
-///    nothing): an entry publishes its missing entries in selection order (`early_plan`, repeats
-///    included) right after classifying them, before ranking (no fence: a copy CTA checks each
-///    source again once it sees `placed` and fetches the row again if it read a stale one), and
-///    its copy units are claimed in groups from `control->copy_cursor`; a repeated row's copy is dropped when the destinations
-///    are placed (each distinct row is written once). `plan` still receives the ascending plan of
-///    distinct rows that follower layers replay.
+///  * early copies (batches of at most `resolve_params::early_copy_max_batch` entries, where
+///    address order buys nothing): an entry publishes its missing entries in selection order
+///    (`early_plan`, repeats included) right after classifying them, before ranking (no fence: a
+///    copy CTA checks each source again once it sees `placed` and fetches the row again if it
+///    read a stale one), and its copy units are claimed in groups from `control->copy_cursor` (by
+///    `resolve_params::early_copy_warps` warps per CTA, one row each by default, so a small
+///    step's rows spread over many SMs rather than the first CTAs to arrive); a
+///    repeated row's copy is dropped when the destinations are placed (each distinct row is
+///    written once). `plan` still receives the ascending plan of distinct rows that follower
+///    layers replay.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
@@ -806,8 +809,9 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     __syncthreads();
     DHISPARSE_RESOLVE_MARK(7);
 
-    // Missing entries: find their row among the distinct misses (bitmap rank, else binary search) for its way. An
-    // early copy takes the destination too, once per distinct row (a repeat's copy is dropped).
+    // Missing entries: find their row among the distinct misses (bitmap rank, else binary search)
+    // for its way. An early copy takes the destination too, once per distinct row (a repeat's copy
+    // is dropped).
     int pos = ordinal;
 #pragma unroll
     for (int k = 0; k < KPT; ++k) {
@@ -922,14 +926,16 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
 
   constexpr unsigned warps = Block / 32;
   constexpr unsigned RM = Traits::max_rows_per_warp;
-  const unsigned copy_warps = p.copy_warps == 0 || p.copy_warps > warps ? warps : p.copy_warps;
+  const bool early = C <= p.early_copy_max_batch;
+  const unsigned want_warps = early ? p.early_copy_warps : p.copy_warps;
+  const unsigned want_rows = early ? p.early_rows_per_warp : p.rows_per_warp;
+  const unsigned copy_warps = want_warps == 0 || want_warps > warps ? warps : want_warps;
   if (warp >= copy_warps) return;
-  const unsigned R = p.rows_per_warp == 0 || p.rows_per_warp > RM ? RM : p.rows_per_warp;
+  const unsigned R = want_rows == 0 || want_rows > RM ? RM : want_rows;
   const unsigned vecs = src.row_bytes / 16u;
   const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
   const unsigned layers = p.layers_to_copy;
   const unsigned stride = gridDim.x * copy_warps * R;
-  const bool early = C <= p.early_copy_max_batch;
   const plan_entry* const copy_plan = early ? ws.early_plan : ws.plan;
   // One group of R units: the first chunk of every row is fetched before the destinations are
   // known, then the warp waits for its entries' `placed` bit.
