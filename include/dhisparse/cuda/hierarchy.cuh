@@ -205,8 +205,8 @@ class hierarchy {
     copy_warps_ = copy_warps;
     rows_per_warp_ = rows_per_warp;
   }
-  /// Shape of early copies (a tuning switch; default 8 warps per CTA, 1 row each): see
-  /// resolve_params::early_copy_warps.
+  /// Shape of early copies (a tuning switch; default 8 warps per CTA, 1 row each; 0 warps: all,
+  /// 0 rows: 2): see resolve_params::early_copy_warps.
   void set_early_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
     early_copy_warps_ = copy_warps;
     early_rows_per_warp_ = rows_per_warp;

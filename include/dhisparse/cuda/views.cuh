@@ -134,12 +134,12 @@ struct batch_view {
 struct resolve_params {
   std::uint32_t layers_to_copy = 1;  ///< payload layers materialised (all, or 1 for producer_only)
   std::uint32_t copy_warps = 0;      ///< warps per CTA that copy ordered copies (0: all)
-  std::uint32_t rows_per_warp = 2;   ///< rows a copying warp keeps in flight (1 or 2)
+  std::uint32_t rows_per_warp = 2;   ///< rows a copying warp keeps in flight (0 or more than 2: 2)
   /// Early copies (batches up to early_copy_max_batch) take groups from a counter in arrival
-  /// order: few warps per CTA with one row each spread a small step's rows over many SMs (their
-  /// address translations in parallel) instead of the first CTAs to arrive.
+  /// order: few warps per CTA with one row each spread a small step's rows over many SMs instead
+  /// of the first CTAs to arrive. Warps per CTA that copy early (0 or more than the CTA has: all).
   std::uint32_t early_copy_warps = 8;
-  std::uint32_t early_rows_per_warp = 1;  ///< 1 or 2
+  std::uint32_t early_rows_per_warp = 1;  ///< rows per early-copy warp (0 or more than 2: 2)
   /// Batches up to this size copy their missing entries in selection order, published before the
   /// misses are ranked: copies start earlier, and at small batches address order buys nothing
   /// (larger batches copy distinct rows in ascending order, which is kinder to translation).

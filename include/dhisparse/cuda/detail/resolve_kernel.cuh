@@ -14,7 +14,8 @@
 ///    directly from those values and marks hit ways. The missing rows are then put in ascending
 ///    order without repeats by the cheapest exact method: shuffles within one warp (up to 32),
 ///    a rank bitmap over their row span (span below 64 x top_k rows), else a bitonic network. The
-///    entry publishes the copies' host sources (`ready[t] = {epoch, units}`, release), partitions
+///    entry publishes the copies' host sources (`ready[t] = {epoch, units}`; release, or relaxed
+///    for early copies, whose sources are checked again at `placed`), partitions
 ///    the LRU order with cub::BlockScan, writes hot_row/order/way_of_row/locations and the copies'
 ///    destinations, and publishes again with the `placed` bit. No hash table, no scan of the B
 ///    hot ways for hit detection: the reverse map answers "which way holds row r" in one load.
@@ -980,7 +981,9 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
           d[k] = reinterpret_cast<int4*>(src.layer_pool[lay[k]] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
         const int4* placed_src =
             reinterpret_cast<const int4*>(src.host_store + pe.host_offset + lay[k] * layer_host_stride);
-        if (placed_src != s[k]) {  // read before this launch's source landed (uniform across the warp)
+        // Read before this launch's source landed. Each lane loaded the source itself, so lanes
+        // may disagree; each reloads only its own vectors (no collective below depends on it).
+        if (placed_src != s[k]) {
           s[k] = placed_src;
           refetch = true;
         }
