@@ -203,3 +203,19 @@ TEST_CASE("cuda resolver matches the host hierarchy: copy paths and shapes", "[g
        .early_rows_per_warp = 1},
       "576/early copies/1 warp x 1 row");
 }
+
+// Long histories: more than 32 missing rows spread over more rows than the rank bitmap covers
+// (64 x top_k = 16384 here) take the bitonic sort and the binary searches, early copies and
+// address-ordered copies alike.
+TEST_CASE("cuda resolver matches the host hierarchy: misses spanning more than the rank bitmap", "[gpu][differential]") {
+  using b512 = dh::lru_hot_cache<512>;
+  constexpr dh::hierarchy_config long_config{.max_requests = 4, .max_rows = 40000, .optional_pages = 24};
+  static_assert(long_config.max_rows > 64 * layout_576::top_k);
+  run_differential<layout_576, b512>(long_config,
+                                     {.steps = 300, .max_batch = 4, .state_every = 10, .initial_rows = 30000, .seed = 41},
+                                     "576/long histories/early copies");
+  run_differential<layout_576, b512>(
+      long_config,
+      {.steps = 300, .max_batch = 4, .state_every = 10, .initial_rows = 30000, .seed = 42, .early_copy_max_batch = 0},
+      "576/long histories/ordered copies");
+}
