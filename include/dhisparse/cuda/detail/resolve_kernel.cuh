@@ -70,6 +70,13 @@
 #ifndef DHISPARSE_RESOLVE_MARK
 #define DHISPARSE_RESOLVE_MARK(phase) ((void)0)
 #endif
+/// Test hooks, compiled out by default: defining DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS
+/// publishes an entry's early-copy count before its sources and delays them by that many
+/// nanoseconds, so copy CTAs read earlier launches' sources; DHISPARSE_RESOLVE_TEST_REFETCH()
+/// runs in every lane that fetches a row again because its source changed.
+#ifndef DHISPARSE_RESOLVE_TEST_REFETCH
+#define DHISPARSE_RESOLVE_TEST_REFETCH() ((void)0)
+#endif
 
 namespace dhisparse::cuda::detail {
 
@@ -677,6 +684,14 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
   // reads in flight while the misses are ranked and the LRU order is rewritten.
   const bool self_copy = units <= p.self_copy_units && units <= Traits::self_copy_max_units;
   const bool early = !self_copy && C <= p.early_copy_max_batch;
+#ifdef DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS
+  if (early) {
+    if (tid == 0 && raw > 0)
+      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
+          ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
+    __nanosleep(DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS);
+  }
+#endif
   if (early || self_copy) {  // copy sources in selection order, repeats included (their copies are dropped later)
     int pos = ordinal;
 #pragma unroll
@@ -986,6 +1001,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
         if (placed_src != s[k]) {
           s[k] = placed_src;
           refetch = true;
+          DHISPARSE_RESOLVE_TEST_REFETCH();
         }
       }
     }
