@@ -12,6 +12,13 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -z "${CUDACXX:-}" ] && [ -x /usr/local
   PATH="/usr/local/cuda/bin:$PATH"
 fi
 
+# copy_benchmark_library BINARY DIR: copy the Google Benchmark shared library BINARY links into DIR
+# (the GPU machine may lack it; set LD_LIBRARY_PATH to DIR there).
+copy_benchmark_library() {
+  mkdir -p "$2"
+  ldd "$1" | awk '/libbenchmark/ {print $3}' | xargs -r -I{} cp -L {} "$2/"
+}
+
 have_nvcc() { [ -n "${CUDACXX:-}" ] || command -v nvcc >/dev/null 2>&1; }
 have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 

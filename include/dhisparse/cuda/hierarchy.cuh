@@ -202,25 +202,27 @@ class hierarchy {
   /// switch): warps per CTA that copy (0: all) and rows each copying warp keeps in flight (1 or
   /// 2). Fewer rows in flight touch fewer host pages at once.
   void set_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
-    copy_warps_ = copy_warps;
-    rows_per_warp_ = rows_per_warp;
+    tuning_.copy_warps = copy_warps;
+    tuning_.rows_per_warp = rows_per_warp;
   }
   /// Shape of early copies (a tuning switch; default 8 warps per CTA, 1 row each; 0 warps: all,
   /// 0 rows: 2): see resolve_params::early_copy_warps.
   void set_early_copy_shape(unsigned copy_warps, unsigned rows_per_warp) {
-    early_copy_warps_ = copy_warps;
-    early_rows_per_warp_ = rows_per_warp;
+    tuning_.early_copy_warps = copy_warps;
+    tuning_.early_rows_per_warp = rows_per_warp;
   }
   /// Largest batch whose copies start early, in selection order (a tuning switch; default 16,
   /// 0 turns early copies off): see resolve_params::early_copy_max_batch.
-  void set_early_copy_max_batch(unsigned entries) { early_copy_max_batch_ = entries; }
+  void set_early_copy_max_batch(unsigned entries) { tuning_.early_copy_max_batch = entries; }
   /// CTAs a resolve launches (a tuning switch): 0 = the whole persistent grid (default), else at
   /// most `ctas`. The kernel is correct for any grid; fewer CTAs launch and retire sooner.
   void set_resolver_ctas(unsigned ctas) { resolver_ctas_ = ctas; }
   /// Most copy units (missing rows x copied layers) a batch entry copies with its own CTA (a
   /// tuning switch; default resolve_params::self_copy_units, capped at
   /// resolve_traits::self_copy_max_units; 0 leaves every copy to the whole grid).
-  void set_self_copy_units(unsigned units) { self_copy_units_ = std::min(units, resolve_traits::self_copy_max_units); }
+  void set_self_copy_units(unsigned units) {
+    tuning_.self_copy_units = std::min(units, resolve_traits::self_copy_max_units);
+  }
 
   // ------------------------------------------------------------------ admission
 
@@ -1438,14 +1440,9 @@ class hierarchy {
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
     auto& src = src_[source];
-    resolve_params p;
+    resolve_params p = tuning_;
     p.layers_to_copy = mode == copy_layers::all ? static_cast<std::uint32_t>(Layout::sources[source].payload_layers) : 1u;
-    p.copy_warps = copy_warps_;
-    p.rows_per_warp = rows_per_warp_;
-    p.early_copy_warps = early_copy_warps_;
-    p.early_rows_per_warp = early_rows_per_warp_;
-    p.early_copy_max_batch = early_copy_max_batch_;
-    p.self_copy_units = std::min(self_copy_units_, detail::self_copy_capacity<resolve_traits>(
+    p.self_copy_units = std::min(tuning_.self_copy_units, detail::self_copy_capacity<resolve_traits>(
                                                        widest_row_bytes<Layout>(), Layout::sources[source].row_bytes));
     DHISPARSE_CUDA_TRY(
         (detail::launch_fused_resolve<resolve_traits, order_index>(
@@ -1508,12 +1505,8 @@ class hierarchy {
   int sm_count_ = 0;
   int grid_ = 0;
   int pageable_access_ = 0;
-  unsigned copy_warps_ = resolve_params{}.copy_warps, rows_per_warp_ = resolve_params{}.rows_per_warp;
-  unsigned early_copy_warps_ = resolve_params{}.early_copy_warps;
-  unsigned early_rows_per_warp_ = resolve_params{}.early_rows_per_warp;
-  unsigned early_copy_max_batch_ = resolve_params{}.early_copy_max_batch;
+  resolve_params tuning_{};  ///< the tuning switches above; layers_to_copy is set per launch
   unsigned resolver_ctas_ = 0;
-  unsigned self_copy_units_ = resolve_params{}.self_copy_units;
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)

@@ -233,6 +233,11 @@ __device__ __forceinline__ std::uint64_t ready_word(unsigned epoch, unsigned uni
 __device__ __forceinline__ unsigned ready_units(std::uint64_t w) {
   return static_cast<unsigned>((w & ~placed_bit) >> 32);
 }
+/// Publishes an entry's ready word (relaxed or release; a release after a fence publishes the
+/// CTA's writes ordered before it by a barrier).
+__device__ __forceinline__ void publish_ready(std::uint64_t& slot, std::uint64_t word, ::cuda::memory_order order) {
+  ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(slot).store(word, order);
+}
 
 /// Waits (acquire loads, nanosleep backoff) until entry `e` of this launch has published its copy
 /// sources and count, and with `placed` also its destinations; returns the published word.
@@ -617,8 +622,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
         }
         record_error(ws, t, rec);
         ws.stats[t] = entry_stats{};
-        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-            ready_word(epoch, 0, true), ::cuda::memory_order_release);
+        publish_ready(ws.ready[t], ready_word(epoch, 0, true), ::cuda::memory_order_release);
       }
       return 0;  // uniform across the CTA
     }
@@ -687,8 +691,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 #ifdef DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS
   if (early) {
     if (tid == 0 && raw > 0)
-      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-          ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
+      publish_ready(ws.ready[t], ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
     __nanosleep(DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS);
   }
 #endif
@@ -718,16 +721,14 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     // Nothing for the copy CTAs: they may go as soon as they see it (a relaxed store suffices, they
     // read nothing else of this entry).
     if (tid == 0)
-      ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-          ready_word(epoch, 0, true), ::cuda::memory_order_relaxed);
+      publish_ready(ws.ready[t], ready_word(epoch, 0, true), ::cuda::memory_order_relaxed);
     self_copy_fetch<Traits>(sh, self_rows, src, units, p.layers_to_copy);
   }
   // Early copies: the count alone, with no fence (the fence stalled the whole CTA at its next
   // barrier). A copy CTA may read a source before it lands; it checks every source again once
   // `placed` (published with a fence) is seen, and fetches the row again if it changed.
   if (early && tid == 0 && raw > 0)
-    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-        ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
+    publish_ready(ws.ready[t], ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
   const int miss_lo = sh.miss_lo;
   const miss_ranking ranking =
       raw <= 32 ? miss_ranking::warp : ranks_by_bitmap<Traits>(sh, raw) ? miss_ranking::bitmap : miss_ranking::sort;
@@ -772,8 +773,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
       __syncthreads();
       if (tid == 0) {
         __threadfence();
-        ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-            ready_word(epoch, published_units, false), ::cuda::memory_order_release);
+        publish_ready(ws.ready[t], ready_word(epoch, published_units, false), ::cuda::memory_order_release);
       }
     }
 
@@ -885,8 +885,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
   }
   if (tid == 0) {
     __threadfence();
-    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(ws.ready[t]).store(
-        ready_word(epoch, published_units, true), ::cuda::memory_order_release);
+    publish_ready(ws.ready[t], ready_word(epoch, published_units, true), ::cuda::memory_order_release);
   }
   DHISPARSE_RESOLVE_MARK(8);
   return published_units;
