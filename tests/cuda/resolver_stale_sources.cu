@@ -1,15 +1,22 @@
 // Early copies read their sources before `placed` without a fence, so a copy CTA may start from
 // an earlier launch's source and must fetch the row again once `placed` shows the current one.
 // This program compiles the resolver with its test hooks: every entry publishes its early-copy
-// count 20 us before its sources (copy CTAs then nearly always read stale ones), and each
-// re-fetch is counted. The shared differential workload must still match the host reference
+// count, then holds its sources back until some copy warp has loaded sources (at most 2 ms, so
+// the test cannot hang), and each re-fetch is counted. Waiting for a read rather than for a fixed
+// time keeps stale reads happening under compute-sanitizer, whose instrumentation slows the copy
+// CTAs far more than the entry's wait. The shared differential workload must still match the host reference
 // bit for bit, and the re-fetch path must have run.
 #include <cuda_runtime.h>
 
 namespace stale_sources {
 __device__ unsigned long long refetches = 0;
+__device__ unsigned long long early_reads = 0;
 }  // namespace stale_sources
-#define DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS 20000
+#define DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS 2000000ull
+#define DHISPARSE_RESOLVE_TEST_EARLY_READS() \
+  ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device>(::stale_sources::early_reads) \
+      .load(::cuda::memory_order_relaxed)
+#define DHISPARSE_RESOLVE_TEST_EARLY_READ() atomicAdd(&::stale_sources::early_reads, 1ull)
 #define DHISPARSE_RESOLVE_TEST_REFETCH() atomicAdd(&::stale_sources::refetches, 1ull)
 
 #include "differential_workload.cuh"

@@ -71,11 +71,17 @@
 #define DHISPARSE_RESOLVE_MARK(phase) ((void)0)
 #endif
 /// Test hooks, compiled out by default: defining DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS
-/// publishes an entry's early-copy count before its sources and delays them by that many
-/// nanoseconds, so copy CTAs read earlier launches' sources; DHISPARSE_RESOLVE_TEST_REFETCH()
-/// runs in every lane that fetches a row again because its source changed.
+/// publishes an entry's early-copy count before its sources and holds the sources back until
+/// DHISPARSE_RESOLVE_TEST_EARLY_READS() (a counter the test defines, bumped by
+/// DHISPARSE_RESOLVE_TEST_EARLY_READ() in lane 0 of every warp that has loaded early sources)
+/// moves, or that many nanoseconds pass, so copy CTAs read earlier launches' sources whatever
+/// the timing (compute-sanitizer included); DHISPARSE_RESOLVE_TEST_REFETCH() runs in every lane
+/// that fetches a row again because its source changed.
 #ifndef DHISPARSE_RESOLVE_TEST_REFETCH
 #define DHISPARSE_RESOLVE_TEST_REFETCH() ((void)0)
+#endif
+#ifndef DHISPARSE_RESOLVE_TEST_EARLY_READ
+#define DHISPARSE_RESOLVE_TEST_EARLY_READ() ((void)0)
 #endif
 
 namespace dhisparse::cuda::detail {
@@ -690,9 +696,18 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
   const bool early = !self_copy && C <= p.early_copy_max_batch;
 #ifdef DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS
   if (early) {
-    if (tid == 0 && raw > 0)
+    if (tid == 0 && raw > 0) {
+      const unsigned long long reads = DHISPARSE_RESOLVE_TEST_EARLY_READS();
       publish_ready(ws.ready[t], ready_word(epoch, units, false), ::cuda::memory_order_relaxed);
-    __nanosleep(DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS);
+      unsigned long long start, now;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+      do {
+        __nanosleep(256);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      } while (DHISPARSE_RESOLVE_TEST_EARLY_READS() == reads &&
+               now - start < DHISPARSE_RESOLVE_TEST_LATE_EARLY_SOURCES_NS);
+    }
+    __syncthreads();
   }
 #endif
   if (early || self_copy) {  // copy sources in selection order, repeats included (their copies are dropped later)
@@ -983,6 +998,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
     const unsigned total_v = cnt * vecs;
     int4 buf[copy_vectors_per_lane];
     warp_load_chunk<RM>(s, total_v, vecs, lane, 0, buf);
+    if (early && lane == 0 && cnt > 0) DHISPARSE_RESOLVE_TEST_EARLY_READ();
     int4* d[RM];
     bool refetch = false;
 #pragma unroll
