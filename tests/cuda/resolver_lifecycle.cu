@@ -10,6 +10,19 @@ using Hot = dh::lru_hot_cache<32>;
 using Device = dhc::hierarchy<Layout, Hot>;
 using Host = dh::host_hierarchy<Layout, Hot>;
 
+// The resolver's shared memory for large shapes stays within the H200's 227 KiB opt-in limit, so
+// construction accepts them: checked wherever this file compiles (CI included), not only on a GPU.
+// The paper's GLM shape (top_k 2048, B 4096, 576-byte rows) and a 2x/4x larger one with 656-byte
+// rows, each for 256 requests.
+constexpr std::size_t h200_shared_limit = 227 * 1024;
+template <std::size_t TopK, std::size_t HotRows>
+constexpr std::size_t resolver_shared_bytes(std::size_t row_bytes) {
+  return dhc::detail::resolve_shared_bytes<dhc::detail::resolve_traits<DHISPARSE_CUDA_RESOLVE_BLOCK, TopK, HotRows>>(
+      256, row_bytes);
+}
+static_assert(resolver_shared_bytes<2048, 4096>(576) <= h200_shared_limit);
+static_assert(resolver_shared_bytes<4096, 16384>(656) <= h200_shared_limit);
+
 std::vector<row_index> every_row(std::int64_t n) {
   std::vector<row_index> sel(Layout::top_k, dh::no_row);
   for (std::int64_t i = 0; i < n && i < static_cast<std::int64_t>(sel.size()); ++i) sel[static_cast<std::size_t>(i)] = static_cast<row_index>(i);

@@ -121,6 +121,8 @@ struct resolve_traits {
   /// Bits of the rank bitmap: the sort buffers' bytes, reused (misses spanning fewer rows are
   /// ranked without sorting).
   static constexpr int bitmap_bits = 2 * sort_capacity * 32;
+  /// Bitmap words each thread scans when ranking (its words are consecutive).
+  static constexpr int bitmap_words_per_thread = (2 * sort_capacity + Block - 1) / Block;
 
   struct shared_storage {
     union alignas(16) {
@@ -130,7 +132,7 @@ struct resolve_traits {
       } sort;
       unsigned bits[2 * sort_capacity];  ///< rank bitmap over [lo, lo + bitmap_bits) of the missing rows
     } scratch;
-    unsigned word_rank[2 * sort_capacity];  ///< bitmap ranking: distinct misses before each bitmap word
+    unsigned thread_rank[Block];  ///< bitmap ranking: distinct misses before each thread's words
     unsigned claimed[(TopK + 31) / 32];  ///< early copies: distinct misses already given a copy
     int miss_key[TopK];   ///< distinct missing rows, ascending (address order)
     int miss_page[TopK];  ///< host-store page of each
@@ -307,11 +309,19 @@ __device__ __forceinline__ bool ranks_by_bitmap(const typename Traits::shared_st
 }
 
 /// Rank of marked row `row` among the distinct misses, after rank_misses_by_bitmap: the misses
-/// before its bitmap word plus the marked bits below it in the word.
+/// before the words of the thread that scanned its word, plus the marked bits of that thread's
+/// words below it (at most bitmap_words_per_thread popcounts; one prefix per thread rather than
+/// per word keeps the prefix at 4 bytes x block threads of shared memory at any top_k).
 template <class Traits>
 __device__ __forceinline__ int bitmap_rank(const typename Traits::shared_storage& sh, int miss_lo, int row) {
+  constexpr int W = Traits::bitmap_words_per_thread;
   const unsigned bit = static_cast<unsigned>(row - miss_lo);
-  return static_cast<int>(sh.word_rank[bit >> 5] + __popc(sh.scratch.bits[bit >> 5] & ((1u << (bit & 31u)) - 1u)));
+  const int word = static_cast<int>(bit >> 5), first = word / W * W;
+  unsigned rank = sh.thread_rank[word / W] + __popc(sh.scratch.bits[word] & ((1u << (bit & 31u)) - 1u));
+#pragma unroll
+  for (int j = 0; j < W - 1; ++j)
+    if (first + j < word) rank += __popc(sh.scratch.bits[first + j]);
+  return static_cast<int>(rank);
 }
 
 /// Missing rows marked in the bitmap over [miss_lo, miss_lo + bitmap_bits): a scan of the words'
@@ -320,8 +330,7 @@ __device__ __forceinline__ int bitmap_rank(const typename Traits::shared_storage
 template <class Traits, int KPT>
 __device__ __forceinline__ int rank_misses_by_bitmap(typename Traits::shared_storage& sh, int miss_lo, unsigned missing,
                                      const row_index (&e)[KPT], const int (&hp)[KPT]) {
-  constexpr int Block = Traits::block_threads;
-  constexpr int words_per_thread = (2 * Traits::sort_capacity + Block - 1) / Block;
+  constexpr int words_per_thread = Traits::bitmap_words_per_thread;
   const int tid = static_cast<int>(threadIdx.x);
   const int words = ((sh.miss_hi - miss_lo) >> 5) + 1;
   unsigned w[words_per_thread];
@@ -334,10 +343,10 @@ __device__ __forceinline__ int rank_misses_by_bitmap(typename Traits::shared_sto
   }
   int at = 0, M = 0;
   typename Traits::scan_t(sh.scan).ExclusiveSum(mine, at, M);
+  sh.thread_rank[tid] = static_cast<unsigned>(at);  // the rank of any marked row in a few popcounts
 #pragma unroll
   for (int j = 0; j < words_per_thread; ++j) {
     const int idx = tid * words_per_thread + j;
-    if (idx < words) sh.word_rank[idx] = static_cast<unsigned>(at);  // O(1) rank of any marked row
     const int first = miss_lo + idx * 32;
     for (unsigned x = w[j]; x != 0u; x &= x - 1u) sh.miss_key[at++] = first + __ffs(static_cast<int>(x)) - 1;
   }
