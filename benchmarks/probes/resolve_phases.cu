@@ -3,7 +3,8 @@
 // bench_cuda_resolver does (fresh misses every step, L2 flushed before each step, CUDA events) and
 // prints, per configuration, the median over the timed steps of every phase's time in µs from the
 // first CTA's start: for the metadata phases (1-8, 12, 13) the latest entry, for the copy phases
-// 9-11 the median and the last CTA, and the SM clock the entry ran at. First it times an empty
+// 9-11 the median and the last CTA, the SM clock the entry ran at, and how many early-copy rows
+// per step were fetched again because their source was read before it landed. First it times an empty
 // kernel of the resolver's launch shape after the same flush (launch and teardown alone).
 // Phase numbers: include/dhisparse/cuda/detail/resolve_kernel.cuh.
 // Not part of the build (the library include directory may point at a variant to compare):
@@ -33,8 +34,10 @@ __device__ __forceinline__ void mark(int phase) {
     clocks[blockIdx.x * kPhases + phase] = clock64();
   }
 }
+__device__ unsigned long long refetch_lanes;  // lanes that fetched an early-copy row again
 }  // namespace phase_marks
 #define DHISPARSE_RESOLVE_MARK(phase) ::phase_marks::mark(phase)
+#define DHISPARSE_RESOLVE_TEST_REFETCH() atomicAdd(&::phase_marks::refetch_lanes, 1ull)
 
 #include <dhisparse/cuda/hierarchy.cuh>
 #include <dhisparse/layout.hpp>
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
       DHB_CHECK(cudaMemcpy(slots.get(), sl.data(), C * 4, cudaMemcpyHostToDevice));
       DHB_CHECK(cudaMemcpy(count.get(), &C, 4, cudaMemcpyHostToDevice));
       std::vector<double> ev, mhz;
+      unsigned long long refetch_before = 0, refetch_after = 0;
       std::vector<std::vector<double>> ph(32);
       for (std::uint32_t step = 0; step < str.steps(); ++step) {
         void* sym = nullptr;
@@ -143,6 +147,8 @@ int main(int argc, char** argv) {
         v.count = count.get();
         v.stride = kTopK;
         v.capacity = C;
+        if (step == str.first_timed())
+          DHB_CHECK(cudaMemcpyFromSymbol(&refetch_before, phase_marks::refetch_lanes, sizeof refetch_before));
         const float ms = timer.time(s, [&] { h.resolve(0, v, s, dhisparse::copy_layers::all); });
         h.check_errors(s);
         if (step < str.first_timed()) continue;
@@ -167,7 +173,10 @@ int main(int argc, char** argv) {
           ph[p].push_back(at.back());
         }
       }
-      std::printf("%-4u %-5u %7.2f %5.0fMHz |", C, m, median(ev), median(mhz));
+      DHB_CHECK(cudaMemcpyFromSymbol(&refetch_after, phase_marks::refetch_lanes, sizeof refetch_after));
+      // Every lane of the copying warp counts a re-fetched row once.
+      const double refetched_rows = double(refetch_after - refetch_before) / 32.0 / double(ev.size());
+      std::printf("%-4u %-5u %7.2f %5.0fMHz %6.1f refetched rows/step |", C, m, median(ev), median(mhz), refetched_rows);
       for (int p = 1; p < 9; ++p) std::printf(" %d:%.2f", p, median(ph[p]));
       for (int p = 9; p < 12; ++p) std::printf(" %d:%.2f..%.2f", p, median(ph[p + 16]), median(ph[p]));
       for (int p = 12; p < phase_marks::kPhases; ++p)
