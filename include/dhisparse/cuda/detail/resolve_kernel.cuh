@@ -977,8 +977,10 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   const unsigned stride = gridDim.x * copy_warps * R;
   const plan_entry* const copy_plan = early ? ws.early_plan : ws.plan;
   // One group of R units: the first chunk of every row is fetched before the destinations are
-  // known, then the warp waits for its entries' `placed` bit.
-  const auto copy_group = [&](unsigned u0) {
+  // known, then the warp waits for its entries' `placed` bit. Early copies return the claim
+  // cursor as read once `placed` was seen (0 otherwise): at or past `total`, every group has been
+  // claimed and the warp can leave without another claim's round trip at the end of the step.
+  const auto copy_group = [&](unsigned u0) -> unsigned {
     const int4* s[RM];
     unsigned ent[RM], idx[RM], lay[RM];
     unsigned cnt = 0;
@@ -1010,11 +1012,16 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
     if (early && lane == 0 && cnt > 0) DHISPARSE_RESOLVE_TEST_EARLY_READ();
     int4* d[RM];
     bool refetch = false;
+    unsigned cursor_seen = 0;
 #pragma unroll
     for (unsigned k = 0; k < RM; ++k) {
       d[k] = nullptr;
       if (k < cnt) {
         wait_ready(ws.ready, ent[k], epoch, true);
+        // In flight with the plan load below, used only after the stores.
+        if (early && k == 0)
+          cursor_seen = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->copy_cursor)
+                            .load(::cuda::memory_order_relaxed);
         const plan_entry pe = load_plan(copy_plan + static_cast<std::size_t>(ent[k]) * Traits::top_k + idx[k]);
         if (pe.dst != no_location)  // a repeated row of an early copy: another unit writes it
           d[k] = reinterpret_cast<int4*>(src.layer_pool[lay[k]] + static_cast<std::size_t>(pe.dst) * src.row_bytes);
@@ -1035,6 +1042,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
       warp_load_chunk<RM>(s, total_v, vecs, lane, v0, buf);
       warp_store_chunk<RM>(d, total_v, vecs, lane, v0, buf);
     }
+    return __shfl_sync(0xffffffffu, cursor_seen, 0);  // one answer for the whole warp
   };
   if (early) {
     // Small batches: warps claim groups from a counter, so the CTAs still busy with an entry's
@@ -1044,7 +1052,8 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
       if (lane == 0) u0 = atomicAdd(&ws.control->copy_cursor, R);
       u0 = __shfl_sync(0xffffffffu, u0, 0);
       if (u0 >= total) break;
-      copy_group(u0);
+      // The cursor only grows during a launch: once it reached `total`, a claim would fail.
+      if (copy_group(u0) >= total) break;
     }
   } else {
     // Large batches: a CTA's warps take consecutive groups, so each SM reads neighbouring rows of
