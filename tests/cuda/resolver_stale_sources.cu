@@ -3,9 +3,9 @@
 // This program compiles the resolver with its test hooks: every entry publishes its early-copy
 // count, then holds its sources back until some copy warp has loaded sources (at most 2 ms, so
 // the test cannot hang), and each re-fetch is counted. Waiting for a read rather than for a fixed
-// time keeps stale reads happening under compute-sanitizer, whose instrumentation slows the copy
-// CTAs far more than the entry's wait. The shared differential workload must still match the host reference
-// bit for bit, and the re-fetch path must have run.
+// time keeps stale reads happening under compute-sanitizer's memcheck, whose instrumentation slows
+// the copy CTAs far more than the entry's wait. The shared differential workload must still match
+// the host reference bit for bit, and the re-fetch path must have run.
 #include <cuda_runtime.h>
 
 namespace stale_sources {

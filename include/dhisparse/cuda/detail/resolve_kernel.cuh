@@ -83,6 +83,9 @@
 #ifndef DHISPARSE_RESOLVE_TEST_EARLY_READ
 #define DHISPARSE_RESOLVE_TEST_EARLY_READ() ((void)0)
 #endif
+#ifndef DHISPARSE_RESOLVE_TEST_EARLY_READS
+#define DHISPARSE_RESOLVE_TEST_EARLY_READS() 0ull  // no counter: the late sources wait out the bound
+#endif
 
 namespace dhisparse::cuda::detail {
 
