@@ -1141,15 +1141,16 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   }
 }
 
-/// Dynamic shared memory of the resolver for a workspace of `capacity` batch entries: the
-/// metadata storage, the prefix of copy units and room for self_copy_max_units rows of
-/// `row_bytes` (the widest row of any source).
 /// Bytes of the self-copy rows: self_copy_max_units rows of `row_bytes`, at most self_copy_max_bytes.
 template <class Traits>
 constexpr std::size_t self_copy_buffer_bytes(std::size_t row_bytes) {
   const std::size_t rows = Traits::self_copy_max_units * row_bytes;
   return rows < Traits::self_copy_max_bytes ? rows : Traits::self_copy_max_bytes;
 }
+
+/// Dynamic shared memory of the resolver for a workspace of `capacity` batch entries: the
+/// metadata storage, the prefix of copy units and room for self_copy_max_units rows of
+/// `row_bytes` (the widest row of any source).
 template <class Traits>
 constexpr std::size_t resolve_shared_bytes(std::size_t capacity, std::size_t row_bytes) {
   return resolve_self_rows_offset<Traits>(capacity) + self_copy_buffer_bytes<Traits>(row_bytes);
