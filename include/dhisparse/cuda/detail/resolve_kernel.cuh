@@ -37,7 +37,8 @@
 ///    step's rows spread over many SMs rather than the first CTAs to arrive); a
 ///    repeated row's copy is dropped when the destinations are placed (each distinct row is
 ///    written once). `plan` still receives the ascending plan of distinct rows that follower
-///    layers replay.
+///    layers replay. With at least as many spare CTAs as entries (2C <= grid), a CTA that took
+///    an entry claims no copies: it ends without waiting for the other entries' plans.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
@@ -1123,7 +1124,13 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
   unsigned* prefix = reinterpret_cast<unsigned*>(dhisparse_resolve_smem + resolve_storage_bytes<Traits>());
   // A CTA that resolved the whole batch knows it left nothing to copy without reading it back.
-  if (own_entries != C || own_units != 0) resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
+  // Early-copy batches with at least as many spare CTAs as entries: a CTA that took an entry
+  // leaves every copy to the CTAs that took none (they claim until the cursor passes the total),
+  // so it does not wait for the other entries' plans before it counts itself finished (C = 8 at
+  // ~0 misses: 15.1 -> 14.2 us on the H200).
+  const bool entry_only = own_entries != 0 && C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
+  if (!entry_only && (own_entries != C || own_units != 0))
+    resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
