@@ -56,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/repopulation_walk.hpp"
 #include "../detail/residency_reclaim.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
@@ -184,10 +185,7 @@ class residency_manager {
   /// True while a request's pages are being reclaimed.
   [[nodiscard]] bool reclaiming(request_id id) const { return books_of(id).reclaiming; }
   [[nodiscard]] std::vector<request_id> reclaim_sequence() const {
-    std::vector<request_id> ids;
-    for (const auto& [seq, b] : by_seq_) ids.push_back(b.id);
-    if constexpr (traits::order == reclaim_order::most_recent_first) std::reverse(ids.begin(), ids.end());
-    return ids;
+    return dhisparse::detail::reclaim_sequence<traits::order>(by_seq_);
   }
 
   // ------------------------------------------------------------------ admission
@@ -300,30 +298,13 @@ class residency_manager {
     if constexpr (!traits::keeps_optional_history) return 0;
     poll();
     std::array<detail::page_batch, sources> batch{};
-    std::size_t mapped = 0;
-    while (mapped < traits::pages_per_attempt && !by_seq_.empty()) {
-      bool progress = false;
-      auto start = by_seq_.upper_bound(cursor_);
-      for (std::size_t n = 0, total = by_seq_.size(); n < total && mapped < traits::pages_per_attempt; ++n) {
-        if (start == by_seq_.end()) start = by_seq_.begin();
-        auto& [seq, b] = *start;
-        bool served = false;
-        for (std::size_t s = 0; s < sources && mapped < traits::pages_per_attempt && !b.reclaiming; ++s) {
+    const std::size_t mapped = dhisparse::detail::repopulation_walk(
+        by_seq_, cursor_, traits::pages_per_attempt, sources, [&](request_books& b, std::size_t s) {
+          if (b.reclaiming) return false;  // requests being reclaimed are passed over
           const auto page = newest_unmapped(b, s);
-          if (page < 0) continue;
-          if (!fill_one(b, s, static_cast<std::size_t>(page), batch)) continue;
-          ++mapped;
-          ++counters_.pages_repopulated;
-          served = true;
-        }
-        if (served) {
-          cursor_ = seq;
-          progress = true;
-        }
-        ++start;
-      }
-      if (!progress) break;
-    }
+          return page >= 0 && fill_one(b, s, static_cast<std::size_t>(page), batch);
+        });
+    counters_.pages_repopulated += mapped;
     flush_fills(batch);
     return mapped;
   }

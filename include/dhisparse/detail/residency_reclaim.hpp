@@ -4,13 +4,30 @@
 /// walk admitted requests in the policy's reclaim order, pass over those holding no optional
 /// page, and take the first q whose pages together cover the deficit of every source. A request is
 /// reclaimed whole (every page, every source), never trimmed.
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "../policies/residency.hpp"
+#include "../types.hpp"
+
 namespace dhisparse::detail {
+
+/// Admitted requests in the policy's reclaim order; `by_seq` holds their books (with an `id`)
+/// keyed by admission number.
+template <reclaim_order Order, class Books>
+std::vector<request_id> reclaim_sequence(const std::map<std::uint64_t, Books>& by_seq) {
+  std::vector<request_id> ids;
+  ids.reserve(by_seq.size());
+  for (const auto& [seq, b] : by_seq) ids.push_back(b.id);
+  if constexpr (Order == reclaim_order::most_recent_first) std::reverse(ids.begin(), ids.end());
+  return ids;
+}
 
 /// Deficit of each source: pages by which `used + take` exceeds `capacity` (0 when it fits).
 template <std::size_t Sources>

@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "../detail/repopulation_walk.hpp"
 #include "../detail/residency_reclaim.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
@@ -184,11 +185,7 @@ class residency_manager {
   }
   /// Admitted requests in the policy's reclaim order (the first is reclaimed first).
   [[nodiscard]] std::vector<request_id> reclaim_sequence() const {
-    std::vector<request_id> ids;
-    ids.reserve(by_seq_.size());
-    for (const auto& [seq, b] : by_seq_) ids.push_back(b.id);
-    if constexpr (traits::order == reclaim_order::most_recent_first) std::reverse(ids.begin(), ids.end());
-    return ids;
+    return detail::reclaim_sequence<traits::order>(by_seq_);
   }
 
   /// Resident-first admission; see the file comment. Throws (state unchanged) on bad input:
@@ -312,31 +309,12 @@ class residency_manager {
   std::size_t repopulate() {
     ++counters_.repopulate_calls;
     if constexpr (!traits::keeps_optional_history) return 0;
-    std::size_t mapped = 0;
-    while (mapped < traits::pages_per_attempt && !by_seq_.empty()) {
-      bool progress = false;
-      // one turn: every request once, starting after the last request served
-      auto start = by_seq_.upper_bound(cursor_);
-      for (std::size_t n = 0, total = by_seq_.size(); n < total && mapped < traits::pages_per_attempt; ++n) {
-        if (start == by_seq_.end()) start = by_seq_.begin();
-        auto& [seq, b] = *start;
-        bool served = false;
-        for (std::size_t s = 0; s < sources && mapped < traits::pages_per_attempt; ++s) {
+    const std::size_t mapped = detail::repopulation_walk(
+        by_seq_, cursor_, traits::pages_per_attempt, sources, [&](request_books& b, std::size_t s) {
           const auto page = newest_unmapped(b, s);
-          if (page < 0) continue;
-          if (!map_one(b, s, static_cast<std::size_t>(page))) continue;
-          ++mapped;
-          ++counters_.pages_repopulated;
-          served = true;
-        }
-        if (served) {
-          cursor_ = seq;
-          progress = true;
-        }
-        ++start;
-      }
-      if (!progress) break;
-    }
+          return page >= 0 && map_one(b, s, static_cast<std::size_t>(page));
+        });
+    counters_.pages_repopulated += mapped;
     return mapped;
   }
 
