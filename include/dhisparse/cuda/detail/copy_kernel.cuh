@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../views.cuh"
+#include "last_at_or_below.cuh"
 #include "resolve_kernel.cuh"
 #include "rows_copied_scan.cuh"
 
@@ -44,12 +45,7 @@ __global__ void __launch_bounds__(512)
       d[k] = nullptr;
       const unsigned u = u0 + k;
       if (u < total) {
-        unsigned lo = 0, hi = C;  // last entry with prefix <= u
-        while (hi - lo > 1) {
-          const unsigned mid = (lo + hi) / 2;
-          if (prefix[mid] <= u) lo = mid;
-          else hi = mid;
-        }
+        const unsigned lo = last_at_or_below(prefix, C, u);  // the entry holding unit u
         const plan_entry pe = load_plan(ws.plan + static_cast<std::size_t>(lo) * top_k + (u - prefix[lo]));
         s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + layer_offset);
         d[k] = reinterpret_cast<int4*>(pool + static_cast<std::size_t>(pe.dst) * src.row_bytes);

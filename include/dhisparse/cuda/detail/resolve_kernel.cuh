@@ -61,6 +61,7 @@
 
 #include "../../detail/validate.hpp"
 #include "../views.cuh"
+#include "last_at_or_below.cuh"
 
 /// Phase marks for profiling builds: a profiler defines DHISPARSE_RESOLVE_MARK(phase) (for example
 /// to store %globaltimer per CTA, as benchmarks/probes/resolve_phases.cu does) before including
@@ -860,17 +861,8 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 #pragma unroll
     for (int k = 0; k < KPT; ++k) {
       if ((missing >> k) & 1u) {
-        int lo = 0;
-        if (ranks_by_bitmap<Traits>(sh, raw)) {
-          lo = bitmap_rank<Traits>(sh, sh.miss_lo, e[k]);
-        } else {
-          int hi = M;  // key[lo] <= e < key[hi]
-          while (hi - lo > 1) {
-            const int mid = (lo + hi) / 2;
-            if (sh.miss_key[mid] <= e[k]) lo = mid;
-            else hi = mid;
-          }
-        }
+        const int lo = ranks_by_bitmap<Traits>(sh, raw) ? bitmap_rank<Traits>(sh, sh.miss_lo, e[k])
+                                                        : last_at_or_below(sh.miss_key, M, e[k]);
         const location at = space.hot(static_cast<std::size_t>(slot), static_cast<std::size_t>(sh.victim[lo]));
         out[tid + k * Block] = at;
         if (early || self_copy) {
@@ -921,18 +913,6 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 
 // --------------------------------------------------------------------------------------------
 // copy phase (whole CTA)
-
-/// Index of the entry holding unit `u`: the last e with prefix[e] <= u, so entries without units
-/// (prefix[e] == prefix[e + 1]) are skipped.
-__device__ __forceinline__ unsigned entry_of_unit(const unsigned* prefix, unsigned C, unsigned u) {
-  unsigned lo = 0, hi = C;  // prefix[lo] <= u < prefix[hi]
-  while (hi - lo > 1) {
-    const unsigned mid = (lo + hi) / 2;
-    if (prefix[mid] <= u) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
 
 template <class Traits, class OrderIndex>
 __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* prefix, const source_view<OrderIndex>& src,
@@ -994,7 +974,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
       s[k] = nullptr;
       ent[k] = idx[k] = lay[k] = 0;
       if (k < R && u < total) {
-        const unsigned e = entry_of_unit(prefix, C, u);
+        const unsigned e = last_at_or_below(prefix, C, u);  // the entry holding unit u
         const unsigned local = u - prefix[e];
         const unsigned m = local / layers, l = local - m * layers;
         const plan_entry* at = copy_plan + static_cast<std::size_t>(e) * Traits::top_k + m;

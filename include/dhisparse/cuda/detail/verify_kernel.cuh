@@ -33,6 +33,7 @@
 
 #include "../verify_views.cuh"
 #include "../views.cuh"
+#include "last_at_or_below.cuh"
 #include "rows_copied_scan.cuh"
 
 namespace dhisparse::cuda::detail {
@@ -485,12 +486,7 @@ __global__ void __launch_bounds__(verify_copy_threads)
       if (u >= total) continue;
       const auto row_unit = static_cast<unsigned>(u / layers);
       const unsigned l = layer_begin + static_cast<unsigned>(u - static_cast<std::uint64_t>(row_unit) * layers);
-      unsigned lo = 0, hi = C;  // last entry with prefix <= row_unit
-      while (hi - lo > 1) {
-        const unsigned mid = (lo + hi) / 2;
-        if (prefix[mid] <= row_unit) lo = mid;
-        else hi = mid;
-      }
+      const unsigned lo = last_at_or_below(prefix, C, row_unit);  // the entry holding row_unit
       const plan_entry pe = ws.plan[static_cast<std::size_t>(lo) * ws.plan_stride + (row_unit - prefix[lo])];
       s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + l * layer_host_stride);
       d[k] = reinterpret_cast<int4*>(src.row_address(l, pe.dst));  // staged rows may live in a shared arena
