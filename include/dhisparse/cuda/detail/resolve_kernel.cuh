@@ -38,7 +38,8 @@
 ///    repeated row's copy is dropped when the destinations are placed (each distinct row is
 ///    written once). `plan` still receives the ascending plan of distinct rows that follower
 ///    layers replay. With at least as many spare CTAs as entries (2C <= grid), a CTA that took
-///    an entry claims no copies: it ends without waiting for the other entries' plans.
+///    an entry claims no copies and is not counted on `control->done`: it ends right after its
+///    entry, without waiting for the other entries' plans or for a round trip.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
@@ -49,8 +50,8 @@
 ///    when the grid's first tickets cover the batch, no CTA asks for a second.
 ///
 /// Deadlock freedom: a CTA only waits after it found the ticket counter exhausted, i.e. after
-/// every entry was taken by a CTA that is running (metadata never waits). The last CTA to finish
-/// resets the counters and advances the epoch.
+/// every entry was taken by a CTA that is running (metadata never waits). The last counted CTA
+/// to finish resets the counters and advances the epoch.
 #include <cuda/atomic>
 #include <cuda_pipeline.h>
 #include <cub/block/block_scan.cuh>
@@ -1108,15 +1109,24 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   // leaves every copy to the CTAs that took none (they claim until the cursor passes the total),
   // so it does not wait for the other entries' plans before it counts itself finished (C = 8 at
   // ~0 misses: 15.1 -> 14.2 us on the H200).
-  const bool entry_only = own_entries != 0 && C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
+  const bool entries_copy_nothing = C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
+  const bool entry_only = own_entries != 0 && entries_copy_nothing;
   if (!entry_only && (own_entries != C || own_units != 0))
     resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
+  // Such an entry CTA is not counted either: it drew the one ticket it needs (C <= grid) and
+  // touches no counter after that, so the step does not end with its round trip on `done`. The
+  // other grid - C CTAs all drew later tickets (atomic increments are totally ordered), so the
+  // last of them may reset the counters while entry CTAs still store their rows: those stores
+  // are read in stream order, and epoch-tagged publications were read by the copy CTAs, which
+  // waited for every entry before counting themselves.
+  if (entry_only) return;
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
-    if (done.fetch_add(1u, ::cuda::memory_order_acq_rel) == gridDim.x - 1u) {
+    const unsigned counted = entries_copy_nothing ? gridDim.x - C : gridDim.x;
+    if (done.fetch_add(1u, ::cuda::memory_order_acq_rel) == counted - 1u) {
       control_block* c = ws.control;
       c->ticket = 0;
       c->done = 0;
