@@ -49,11 +49,14 @@ struct alignas(16) plan_entry {
 };
 static_assert(sizeof(plan_entry) == 16);
 
-/// Work-distribution counters of one source's resolver. The last CTA of a launch resets them and
-/// advances `epoch`, so consecutive launches (and graph replays) need no host involvement.
+/// Work-distribution counters of one source's resolver. The last counted CTA of a launch resets
+/// them and advances `epoch`, so consecutive launches (and graph replays) need no host
+/// involvement. CTAs that are not counted (entry CTAs of small batches) may still be writing
+/// results then: `epoch` and `last_count` are read in stream order, never polled as a sign that
+/// a launch is complete.
 struct control_block {
   std::uint32_t ticket = 0;        ///< next metadata task
-  std::uint32_t done = 0;          ///< CTAs finished
+  std::uint32_t done = 0;          ///< counted CTAs finished
   std::uint32_t epoch = 0;         ///< launches completed
   std::uint32_t last_count = 0;    ///< batch entries of the last launch
   std::uint32_t last_layers = 0;   ///< payload layers the last launch copied
