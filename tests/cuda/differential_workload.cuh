@@ -28,6 +28,9 @@ struct workload {
   /// Copy shapes, warps per CTA x rows per warp (0 x 0: the library default): address-ordered
   /// copies and early copies.
   unsigned copy_warps = 0, rows_per_warp = 0, early_copy_warps = 0, early_rows_per_warp = 0;
+  /// CTAs per resolve (0: the whole persistent grid). Small grids put batches on both sides of
+  /// 2C <= grid (entry CTAs that copy nothing and are not counted) and above C = grid.
+  unsigned resolver_ctas = 0;
 };
 
 template <class Layout, class Hot>
@@ -38,6 +41,7 @@ void run_differential(const dh::hierarchy_config& cfg, const workload& w, const 
   if (w.early_copy_max_batch >= 0) tw.dev.set_early_copy_max_batch(static_cast<unsigned>(w.early_copy_max_batch));
   if (w.copy_warps != 0) tw.dev.set_copy_shape(w.copy_warps, w.rows_per_warp);
   if (w.early_copy_warps != 0) tw.dev.set_early_copy_shape(w.early_copy_warps, w.early_rows_per_warp);
+  if (w.resolver_ctas != 0) tw.dev.set_resolver_ctas(w.resolver_ctas);
   using T = twin<Layout, Hot>;
   constexpr std::size_t K = Layout::top_k;
   constexpr std::size_t P = Layout::page_rows;

@@ -82,3 +82,22 @@ TEST_CASE("cuda resolver matches the host hierarchy: misses spanning more than t
       {.steps = 300, .max_batch = 4, .state_every = 10, .initial_rows = 30000, .seed = 42, .early_copy_max_batch = 0},
       "576/long histories/ordered copies");
 }
+
+// Grids smaller than the batch: with 1, 3 and 5 CTAs, batches of up to 6 entries fall on both
+// sides of 2C <= grid (entry CTAs that claim no copies and are not counted on the done counter,
+// or entry CTAs that copy and are counted) and above C = grid (CTAs that take several entries),
+// with self copies and with every copy made by the grid.
+TEST_CASE("cuda resolver matches the host hierarchy: grids smaller than the batch", "[gpu][differential]") {
+  using b512 = dh::lru_hot_cache<512>;
+  for (unsigned ctas : {1u, 3u, 5u}) {
+    const std::string name = "576/" + std::to_string(ctas) + " CTAs";
+    run_differential<layout_576, b512>(
+        rows_576_config, {.steps = 400, .max_batch = 6, .state_every = 10, .seed = 50 + ctas, .resolver_ctas = ctas},
+        name.c_str());
+    const std::string grid_name = name + "/grid copies";
+    run_differential<layout_576, b512>(rows_576_config,
+                                       {.steps = 400, .max_batch = 6, .state_every = 10, .seed = 60 + ctas,
+                                        .self_copy_units = 0, .resolver_ctas = ctas},
+                                       grid_name.c_str());
+  }
+}

@@ -53,8 +53,13 @@ TEST_CASE("a captured resolve replays like eager resolves", "[gpu][graph]") {
   cudaStream_t sa = nullptr, sb = nullptr;
   DHTEST_CUDA(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
   DHTEST_CUDA(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  // The captured twin also runs on a grid of 5 CTAs: replays whose batch count crosses 2C <= grid
+  // (uncounted entry CTAs) and C = grid, against the eager twin on the whole grid.
+  const unsigned ctas = GENERATE(0u, 5u);
+  INFO("captured resolver CTAs: " << (ctas == 0 ? std::string("whole grid") : std::to_string(ctas)));
   {
     H a(cfg, sa), b(cfg, sb);
+    a.set_resolver_ctas(ctas);
     std::mt19937_64 rng(2024);
     std::vector<request_id> ids;
     for (std::size_t r = 0; r < N; ++r) {

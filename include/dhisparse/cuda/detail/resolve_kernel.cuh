@@ -1076,7 +1076,10 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     const unsigned requested = __ldcg(batch.count);
     const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
     sh.batch_count = requested < cap ? requested : cap;
-    sh.epoch = __ldcg(&ws.control->epoch) + 1u;
+    // Atomic (relaxed): the last counted CTA stores the next epoch while uncounted entry CTAs
+    // may still be starting; their read is ordered before it only through their publication.
+    sh.epoch = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->epoch)
+                   .load(::cuda::memory_order_relaxed) + 1u;
     if (blockIdx.x == 0 && requested > cap) {
       ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
       std::uint32_t expected = 0;
@@ -1118,10 +1121,11 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   DHISPARSE_RESOLVE_MARK(11);
   // Such an entry CTA is not counted either: it drew the one ticket it needs (C <= grid) and
   // touches no counter after that, so the step does not end with its round trip on `done`. The
-  // other grid - C CTAs all drew later tickets (atomic increments are totally ordered), so the
-  // last of them may reset the counters while entry CTAs still store their rows: those stores
-  // are read in stream order, and epoch-tagged publications were read by the copy CTAs, which
-  // waited for every entry before counting themselves.
+  // other grid - C CTAs all drew later tickets (atomic increments are totally ordered) and waited
+  // for every entry's epoch-tagged publication before counting themselves (a tag computed from
+  // the epoch the entry read, so that read came first). Their last one may reset the counters
+  // while a self-copy entry still rewrites its LRU state and stores its rows: none of that
+  // touches the control block, and all of it is read in stream order.
   if (entry_only) return;
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
@@ -1133,7 +1137,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
       c->copy_cursor = 0;
       c->last_count = C;
       c->last_layers = p.layers_to_copy;
-      c->epoch = epoch;
+      ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(c->epoch).store(epoch, ::cuda::memory_order_relaxed);
     }
   }
 }
