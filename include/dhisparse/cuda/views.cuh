@@ -55,7 +55,7 @@ static_assert(sizeof(plan_entry) == 16);
 /// results then: `epoch` and `last_count` are read in stream order, never polled as a sign that
 /// a launch is complete.
 struct control_block {
-  std::uint32_t ticket = 0;        ///< next metadata task
+  std::uint32_t ticket = 0;        ///< next metadata task (batches larger than the grid)
   std::uint32_t done = 0;          ///< counted CTAs finished
   std::uint32_t epoch = 0;         ///< launches completed
   std::uint32_t last_count = 0;    ///< batch entries of the last launch

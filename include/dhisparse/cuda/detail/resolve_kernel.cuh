@@ -5,8 +5,9 @@
 /// A persistent grid of fixed size (independent of the batch, so a captured graph can replay any
 /// batch size) works in two overlapping phases coordinated through device counters:
 ///
-///  * metadata: CTAs take batch entries in order from `control->ticket` (the first ticket in the
-///    same round trip as the batch count). For entry t a CTA reads, in two round trips, the
+///  * metadata: when the batch fits the grid (C <= grid), CTA t takes entry t and reads the
+///    entry's slot and selection in the round trip that reads the batch count; larger batches
+///    draw entries from `control->ticket`. For entry t a CTA reads, in two round trips, the
 ///    entry's slot and selection, then everything that depends on the slot alone (frontier,
 ///    liveness, the slot's hot rows and LRU order staged in shared memory, and per selected row
 ///    its optional page, host page and hot way from the per-slot reverse map `way_of_row`). It
@@ -46,12 +47,14 @@
 ///    rows from host memory into shared memory, ranks the misses and rewrites the LRU order while
 ///    they are in flight, then stores each distinct row at its hot way. No cross-CTA publication
 ///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
-///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase;
-///    when the grid's first tickets cover the batch, no CTA asks for a second.
+///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
 ///
-/// Deadlock freedom: a CTA only waits after it found the ticket counter exhausted, i.e. after
-/// every entry was taken by a CTA that is running (metadata never waits). The last counted CTA
-/// to finish resets the counters and advances the epoch.
+/// Deadlock freedom: metadata never waits. With C <= grid the entries belong to CTAs 0..C-1,
+/// dispatched no later than any CTA of higher index, and the grid is sized to be resident at
+/// once (prepare_fused_resolve), so every entry's CTA runs while others wait for it. With more
+/// entries, a CTA waits only after it found the ticket counter exhausted, i.e. after every entry
+/// was taken by a CTA that is running. The last counted CTA to finish resets the counters and
+/// advances the epoch.
 #include <cuda/atomic>
 #include <cuda_pipeline.h>
 #include <cub/block/block_scan.cuh>
@@ -472,22 +475,21 @@ __device__ __forceinline__ void self_copy_store(typename Traits::shared_storage&
   }
 }
 
+/// Round trip 1 of entry t: its slot and length (checked by thread 0 into shared memory) and, in
+/// the strided layout, the selection itself (read up to the stride, which is in bounds; entries
+/// past the length are ignored). Needs only t < the batch buffers' capacity, not the batch
+/// count, so the kernel issues it for the entry of a CTA's own index in the round trip that
+/// reads the count. Visible to the CTA after the next barrier.
 template <class Traits, class OrderIndex>
-__device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsigned char* self_rows,
-                                 const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
-                                 unsigned t, unsigned C, unsigned epoch, const resolve_params& p) {
+__device__ __forceinline__ void read_entry_head(typename Traits::shared_storage& sh, const source_view<OrderIndex>& src,
+                                                const batch_view& batch, unsigned t,
+                                                row_index (&e)[Traits::entries_per_thread]) {
   constexpr int Block = Traits::block_threads;
   constexpr int KPT = Traits::entries_per_thread;
-  constexpr int WPT = Traits::ways_per_thread;
-  constexpr int B = Traits::hot_rows;
   constexpr int K = Traits::top_k;
   const int tid = static_cast<int>(threadIdx.x);
   const location_space space = src.space;
-
-  // Round trip 1: the entry's slot and length and, in the strided layout, the selection itself
-  // (read up to the stride, which is in bounds; entries past the length are ignored).
   const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
-  row_index e[KPT];
 #pragma unroll
   for (int k = 0; k < KPT; ++k) e[k] = no_row;
   if (!gathered) {
@@ -533,7 +535,27 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     sh.frontier = 0;
     sh.count[0] = sh.count[1] = sh.count[2] = sh.count[3] = 0;
   }
-  __syncthreads();
+}
+
+template <class Traits, class OrderIndex>
+__device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsigned char* self_rows,
+                                 const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
+                                 unsigned t, unsigned C, unsigned epoch, const resolve_params& p,
+                                 row_index (&e)[Traits::entries_per_thread], bool head_read) {
+  constexpr int Block = Traits::block_threads;
+  constexpr int KPT = Traits::entries_per_thread;
+  constexpr int WPT = Traits::ways_per_thread;
+  constexpr int B = Traits::hot_rows;
+  constexpr int K = Traits::top_k;
+  const int tid = static_cast<int>(threadIdx.x);
+  const location_space space = src.space;
+
+  // Round trip 1, unless the kernel read this entry's head with the batch count.
+  const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
+  if (!head_read) {
+    read_entry_head<Traits>(sh, src, batch, t, e);
+    __syncthreads();
+  }
   DHISPARSE_RESOLVE_MARK(2);
 
   const bool in_range = sh.err_code == status_ok;  // the slot exists (liveness is read below)
@@ -1068,13 +1090,16 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
-  // The first ticket is taken by another warp while thread 0 reads the batch count: one round
-  // trip for both.
-  if (threadIdx.x == 32 || (Traits::warps == 1 && threadIdx.x == 0))
-    sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
+  // Entries 0..grid-1 belong to the CTAs of the same index (the hardware dispatches a CTA no
+  // later than any of higher index, so a CTA only ever waits for entries of CTAs that run; see
+  // "Deadlock freedom"). A CTA reads its entry's head (round trip 1) while thread 0 reads the
+  // batch count: one round trip for both, and no ticket to draw.
+  const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
+  row_index e[Traits::entries_per_thread];
+  const bool head_read = blockIdx.x < cap;
+  if (head_read) read_entry_head<Traits>(sh, src, batch, blockIdx.x, e);
   if (threadIdx.x == 0) {
     const unsigned requested = __ldcg(batch.count);
-    const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
     sh.batch_count = requested < cap ? requested : cap;
     // Atomic (relaxed): the last counted CTA stores the next epoch while uncounted entry CTAs
     // may still be starting; their read is ordered before it only through their publication.
@@ -1093,16 +1118,26 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   unsigned char* const self_rows = dhisparse_resolve_smem + resolve_self_rows_offset<Traits>(ws.capacity);
 
   unsigned own_entries = 0, own_units = 0;  // entries this CTA resolved and the copy units they published
-  for (;;) {
-    const unsigned t = static_cast<unsigned>(sh.ticket);
-    if (t >= C) break;
-    DHISPARSE_RESOLVE_MARK(1);
-    own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p);
-    ++own_entries;
-    __syncthreads();
-    if (C <= gridDim.x) break;  // the first tickets of the grid covered every entry
-    if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
-    __syncthreads();
+  if (C <= gridDim.x) {
+    if (blockIdx.x < C) {
+      DHISPARSE_RESOLVE_MARK(1);
+      own_units = resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, blockIdx.x, C, epoch, p, e, true);
+      own_entries = 1;
+    }
+  } else {
+    // More entries than CTAs: every entry is drawn from the ticket counter by a CTA that runs,
+    // and a CTA waits only once the counter is exhausted, so no CTA waits for one that has not
+    // been dispatched (a grid larger than what fits at once still completes).
+    for (;;) {
+      __syncthreads();  // the previous entry is done with the shared ticket
+      if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
+      __syncthreads();
+      const unsigned t = static_cast<unsigned>(sh.ticket);
+      if (t >= C) break;
+      DHISPARSE_RESOLVE_MARK(1);
+      own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e, false);
+      ++own_entries;
+    }
   }
 
   // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
@@ -1119,13 +1154,12 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
-  // Such an entry CTA is not counted either: it drew the one ticket it needs (C <= grid) and
-  // touches no counter after that, so the step does not end with its round trip on `done`. The
-  // other grid - C CTAs all drew later tickets (atomic increments are totally ordered) and waited
-  // for every entry's epoch-tagged publication before counting themselves (a tag computed from
-  // the epoch the entry read, so that read came first). Their last one may reset the counters
-  // while a self-copy entry still rewrites its LRU state and stores its rows: none of that
-  // touches the control block, and all of it is read in stream order.
+  // Such an entry CTA is not counted either: it took its entry by index (C <= grid) and touches
+  // no counter at all, so the step does not end with its round trip on `done`. The other
+  // grid - C CTAs waited for every entry's epoch-tagged publication before counting themselves
+  // (a tag computed from the epoch the entry read, so that read came first). Their last one may
+  // reset the counters while a self-copy entry still rewrites its LRU state and stores its rows:
+  // none of that touches the control block, and all of it is read in stream order.
   if (entry_only) return;
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
