@@ -8,12 +8,21 @@
 //   copies     + copy 2 fresh 576-byte rows from pinned host memory into the pool after the lookups
 //   no-lru     lookups and the 2 host rows, without the LRU scan
 //   overlap    all of it, the host loads issued before the LRU scan (their latency hidden by it)
+// Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
+// spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
+// LRU order and pool each in its own region of a large allocation, so each dependent load after
+// the flush may need its own address translation). The difference is what co-locating a slot's
+// state would buy the resolver. Measured on the H200 (2026-11-30, three runs, µs, packed / spread):
+// index 3.78 / 3.74-3.78; + lookups 5.41-5.54 / 5.41-5.54; + LRU scan 6.69-6.82 / 6.75-6.85;
+// + 2 host rows 10.08-10.24 / 10.24-10.43; no LRU 9.57-9.70 / 9.76-9.89; overlap 7.36-7.49 /
+// 7.52-7.62. At most 0.3 µs apart: co-location would not buy the resolver anything measurable.
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 #include <cuda_runtime.h>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -126,44 +135,55 @@ int main() {
   for (int i = 0; i < kTopK; ++i)
     if (i % 1000 != 0) rmap[sel[i]] = static_cast<unsigned short>(i % kHot);  // ~0.1 % misses
 
-  state s{};
-  int *d_slot, *d_sel, *d_loc, *d_pages;
-  unsigned short *d_rmap, *d_order;
-  int4 *d_pool, *h_host;
-  const int zero = 0;
-  CK(cudaMalloc(&d_slot, sizeof(int)));
-  CK(cudaMemcpy(d_slot, &zero, sizeof(int), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_sel, kTopK * sizeof(int)));
-  CK(cudaMemcpy(d_sel, sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_loc, kTopK * sizeof(int)));
-  CK(cudaMalloc(&d_pages, pages.size() * sizeof(int)));
-  CK(cudaMemcpy(d_pages, pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_rmap, kRows * sizeof(unsigned short)));
-  CK(cudaMemcpy(d_rmap, rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_order, kHot * sizeof(unsigned short)));
-  CK(cudaMemcpy(d_order, order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_pool, 2 * kRowBytes));
+  // Device arrays in one allocation: `gap` bytes between consecutive arrays (each rounded up to 256).
+  const size_t sizes[] = {sizeof(int), kTopK * sizeof(int), kTopK * sizeof(int), pages.size() * sizeof(int),
+                          kRows * sizeof(unsigned short), kHot * sizeof(unsigned short), 2 * kRowBytes};
+  constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
+  const size_t spread_gap = size_t{16} << 20;
+  char* arena = nullptr;
+  const size_t arena_bytes = kArrays * spread_gap + (size_t{2} << 20);
+  CK(cudaMalloc(&arena, arena_bytes));
+  char* const base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(arena) + (size_t{2} << 20) - 1) &
+                                             ~((uintptr_t{2} << 20) - 1));  // a 2 MiB boundary
+  int4* h_host = nullptr;
   CK(cudaHostAlloc(&h_host, static_cast<size_t>(kRows) * kRowBytes, cudaHostAllocMapped));
   int4* h_dev = nullptr;
   CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h_host, 0));
-  s = {d_slot, d_sel, d_loc, d_pages, d_rmap, d_order, h_dev, d_pool};
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const float t0 = median_us<0>(s, flush, flush_bytes, st);
-  const float t1 = median_us<1>(s, flush, flush_bytes, st);
-  const float t2 = median_us<2>(s, flush, flush_bytes, st);
-  const float t3 = median_us<3>(s, flush, flush_bytes, st);
-  const float t4 = median_us<4>(s, flush, flush_bytes, st);
-  const float t5 = median_us<5>(s, flush, flush_bytes, st);
+  const int zero = 0;
+
+  float t[2][6] = {};
+  for (int spread = 0; spread < 2; ++spread) {
+    // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
+    char* at[kArrays];
+    size_t off = 0;
+    for (int i = 0; i < kArrays; ++i) {
+      at[i] = base + (spread ? i * spread_gap : off);
+      off += (sizes[i] + 255) / 256 * 256;
+    }
+    CK(cudaMemcpy(at[0], &zero, sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(at[1], sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(at[3], pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(at[4], rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(at[5], order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    const state s{reinterpret_cast<const int*>(at[0]), reinterpret_cast<const int*>(at[1]), reinterpret_cast<int*>(at[2]),
+                  reinterpret_cast<const int*>(at[3]), reinterpret_cast<const unsigned short*>(at[4]),
+                  reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6])};
+    t[spread][0] = median_us<0>(s, flush, flush_bytes, st);
+    t[spread][1] = median_us<1>(s, flush, flush_bytes, st);
+    t[spread][2] = median_us<2>(s, flush, flush_bytes, st);
+    t[spread][3] = median_us<3>(s, flush, flush_bytes, st);
+    t[spread][4] = median_us<4>(s, flush, flush_bytes, st);
+    t[spread][5] = median_us<5>(s, flush, flush_bytes, st);
+  }
+  const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
+                         "lookups + 2 host rows, no LRU", "host loads overlapping the LRU"};
   std::printf("C = 1 step floor, L2 flushed, median of 200 (us)\n");
-  std::printf("  index (resident)           %6.2f\n", t0);
-  std::printf("  + page table, reverse map  %6.2f\n", t1);
-  std::printf("  + LRU order scan           %6.2f\n", t2);
-  std::printf("  + 2 host rows              %6.2f\n", t3);
-  std::printf("  lookups + 2 host rows, no LRU   %6.2f\n", t4);
-  std::printf("  host loads overlapping the LRU  %6.2f\n", t5);
+  std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
+  for (int i = 0; i < 6; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
