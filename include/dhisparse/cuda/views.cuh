@@ -120,7 +120,9 @@ struct workspace_view {
 /// locations. Two layouts: *strided* (`selections`/`locations` hold entry e at `e * stride`) or
 /// *gathered* (`selection_ptrs[e]`/`location_ptrs[e]`, used when non-null). Everything is read on
 /// the device when the kernel runs, so a captured CUDA graph can change contents and `*count`
-/// between replays; `capacity` and the pointers are fixed at capture.
+/// between replays; `capacity` and the pointers are fixed at capture. The resolver may read the
+/// slot, length, pointers and strided selection of entries up to `capacity` before it knows
+/// `*count` (what lies past the count is ignored), so every buffer must be readable to capacity.
 struct batch_view {
   const std::int32_t* slots = nullptr;               ///< [capacity]
   const row_index* selections = nullptr;             ///< [capacity * stride], -1 padded

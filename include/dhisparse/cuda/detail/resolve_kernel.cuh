@@ -5,14 +5,14 @@
 /// A persistent grid of fixed size (independent of the batch, so a captured graph can replay any
 /// batch size) works in two overlapping phases coordinated through device counters:
 ///
-///  * metadata: when the batch fits the grid (C <= grid), CTA t takes entry t and reads the
-///    entry's slot and selection in the round trip that reads the batch count; larger batches
-///    draw entries from `control->ticket`. For entry t a CTA reads, in two round trips, the
-///    entry's slot and selection, then everything that depends on the slot alone (frontier,
-///    liveness, the slot's hot rows and LRU order staged in shared memory, and per selected row
-///    its optional page, host page and hot way from the per-slot reverse map `way_of_row`). It
-///    validates (nothing is written for a bad entry), resolves tail, ready optional and hot rows
-///    directly from those values and marks hit ways. The missing rows are then put in ascending
+///  * metadata: when the batch fits the grid (C <= grid), CTA t takes entry t and issues the
+///    reads of its slot, length and (strided layout) selection at kernel start, with the read of
+///    the batch count; larger batches draw entries from `control->ticket`. For entry t a CTA
+///    reads, in two round trips, the entry's slot and selection, then everything that depends
+///    on the slot alone (frontier, liveness, the slot's hot rows and LRU order staged in shared
+///    memory, and per selected row its optional page, host page and hot way from the per-slot
+///    reverse map `way_of_row`). It validates (nothing is written for a bad entry), resolves
+///    tail, ready optional and hot rows directly from those values and marks hit ways. The missing rows are then put in ascending
 ///    order without repeats by the cheapest exact method: shuffles within one warp (up to 32),
 ///    a rank bitmap over their row span (span below 64 x top_k rows), else a bitonic network. The
 ///    entry publishes the copies' host sources (`ready[t] = {epoch, units}`; release, or relaxed
@@ -49,12 +49,15 @@
 ///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
 ///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
 ///
-/// Deadlock freedom: metadata never waits. With C <= grid the entries belong to CTAs 0..C-1,
-/// dispatched no later than any CTA of higher index, and the grid is sized to be resident at
-/// once (prepare_fused_resolve), so every entry's CTA runs while others wait for it. With more
-/// entries, a CTA waits only after it found the ticket counter exhausted, i.e. after every entry
-/// was taken by a CTA that is running. The last counted CTA to finish resets the counters and
-/// advances the epoch.
+/// Deadlock freedom: metadata never waits. With C <= grid the entries belong to CTAs 0..C-1 and
+/// the grid is sized to be resident at once (prepare_fused_resolve). The spare CTAs (index C and
+/// up) wait only for CTAs of lower index, which the hardware dispatches first: that is observed
+/// behaviour of NVIDIA GPUs, not a guarantee of the CUDA programming model (CUB's single-pass
+/// scan relies on it too); the entry CTAs that copy (2C > grid) wait for each other, which
+/// needs C CTAs resident at once, as the grid's sizing provides. With more entries than
+/// CTAs, a CTA waits only after it found the ticket counter exhausted, i.e. after every entry
+/// was taken by a CTA that is running, which needs neither. The last counted CTA to finish
+/// resets the counters and advances the epoch.
 #include <cuda/atomic>
 #include <cuda_pipeline.h>
 #include <cub/block/block_scan.cuh>
@@ -478,8 +481,8 @@ __device__ __forceinline__ void self_copy_store(typename Traits::shared_storage&
 /// Round trip 1 of entry t: its slot and length (checked by thread 0 into shared memory) and, in
 /// the strided layout, the selection itself (read up to the stride, which is in bounds; entries
 /// past the length are ignored). Needs only t < the batch buffers' capacity, not the batch
-/// count, so the kernel issues it for the entry of a CTA's own index in the round trip that
-/// reads the count. Visible to the CTA after the next barrier.
+/// count, so the kernel issues it for the entry of a CTA's own index at kernel start, beside the
+/// read of the count. Visible to the CTA after the next barrier.
 template <class Traits, class OrderIndex>
 __device__ __forceinline__ void read_entry_head(typename Traits::shared_storage& sh, const source_view<OrderIndex>& src,
                                                 const batch_view& batch, unsigned t,
@@ -1090,10 +1093,9 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
-  // Entries 0..grid-1 belong to the CTAs of the same index (the hardware dispatches a CTA no
-  // later than any of higher index, so a CTA only ever waits for entries of CTAs that run; see
-  // "Deadlock freedom"). A CTA reads its entry's head (round trip 1) while thread 0 reads the
-  // batch count: one round trip for both, and no ticket to draw.
+  // When the batch fits the grid (C <= grid), entry t belongs to CTA t (see "Deadlock
+  // freedom"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
+  // batch count, and uses them only if the batch turns out to fit the grid.
   const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
   row_index e[Traits::entries_per_thread];
   const bool head_read = blockIdx.x < cap;
