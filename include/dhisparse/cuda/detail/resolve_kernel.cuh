@@ -1120,26 +1120,26 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   unsigned char* const self_rows = dhisparse_resolve_smem + resolve_self_rows_offset<Traits>(ws.capacity);
 
   unsigned own_entries = 0, own_units = 0;  // entries this CTA resolved and the copy units they published
-  if (C <= gridDim.x) {
-    if (blockIdx.x < C) {
-      DHISPARSE_RESOLVE_MARK(1);
-      own_units = resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, blockIdx.x, C, epoch, p, e, true);
-      own_entries = 1;
-    }
-  } else {
-    // More entries than CTAs: every entry is drawn from the ticket counter by a CTA that runs,
-    // and a CTA waits only once the counter is exhausted, so no CTA waits for one that has not
-    // been dispatched (a grid larger than what fits at once still completes).
-    for (;;) {
+  // With more entries than CTAs, every entry is drawn from the ticket counter by a CTA that runs,
+  // and a CTA waits only once the counter is exhausted, so no CTA waits for one that has not been
+  // dispatched (a grid larger than what fits at once still completes). One call site for both
+  // ways of taking an entry: the metadata code is inlined once (twice doubled the kernel's code).
+  const bool by_index = C <= gridDim.x;
+  bool head = by_index;
+  for (;;) {
+    unsigned t = blockIdx.x;
+    if (!by_index) {
       __syncthreads();  // the previous entry is done with the shared ticket
       if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
       __syncthreads();
-      const unsigned t = static_cast<unsigned>(sh.ticket);
-      if (t >= C) break;
-      DHISPARSE_RESOLVE_MARK(1);
-      own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e, false);
-      ++own_entries;
+      t = static_cast<unsigned>(sh.ticket);
     }
+    if (t >= C) break;
+    DHISPARSE_RESOLVE_MARK(1);
+    own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e, head);
+    ++own_entries;
+    if (by_index) break;
+    head = false;
   }
 
   // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
