@@ -1100,7 +1100,8 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   row_index e[Traits::entries_per_thread];
   const bool head_read = blockIdx.x < cap;
   if (head_read) read_entry_head<Traits>(sh, src, batch, blockIdx.x, e);
-  if (threadIdx.x == 0) {
+  // Another warp than the head's checks (thread 0), so its loads are not issued behind them.
+  if (threadIdx.x == 32) {
     const unsigned requested = __ldcg(batch.count);
     sh.batch_count = requested < cap ? requested : cap;
     // Atomic (relaxed): the last counted CTA stores the next epoch while uncounted entry CTAs
