@@ -2,7 +2,7 @@
 // %globaltimer per CTA and phase, then times resolve steps of dhisparse::cuda::hierarchy the way
 // bench_cuda_resolver does (fresh misses every step, L2 flushed before each step, CUDA events) and
 // prints, per configuration, the median over the timed steps of every phase's time in µs from the
-// first CTA's start: for the metadata phases (1-8, 12, 13) the latest entry, for phases 9-11 the
+// first CTA's start: for the metadata phases (1-8, 12-14) the latest entry, for phases 9-11 the
 // median and the last CTA (phase 11, "CTA done", counts entry CTAs too: in small early-copy
 // batches they end there without taking part in the done count), the SM clock the entry ran at,
 // and how many early-copy rows

@@ -74,8 +74,8 @@
 /// to store %globaltimer per CTA, as benchmarks/probes/resolve_phases.cu does) before including
 /// this header; by default marks compile to nothing. Phases: 0 batch count read, 1 entry taken,
 /// 2 round trip 1, 3 round trip 2, 4 classified, 5 missing entries counted (early and self copies
-/// start), 6 ranked, 12 LRU scan, 7 LRU state written, 13 destinations, 8 entry done, 9 copy
-/// CTA saw every entry, 10 prefix of copy units, 11 CTA done.
+/// start), 6 ranked, 12 LRU scan, 7 LRU state written, 13 destinations, 14 self-copied rows
+/// landed, 8 entry done, 9 copy CTA saw every entry, 10 prefix of copy units, 11 CTA done.
 #ifndef DHISPARSE_RESOLVE_MARK
 #define DHISPARSE_RESOLVE_MARK(phase) ((void)0)
 #endif
@@ -468,6 +468,7 @@ __device__ __forceinline__ void self_copy_store(typename Traits::shared_storage&
                                                 const source_view<OrderIndex>& src, unsigned units, unsigned layers) {
   __pipeline_wait_prior(0);
   __syncthreads();  // every thread's fetches landed
+  DHISPARSE_RESOLVE_MARK(14);
   const unsigned vecs = src.row_bytes / 16u;
   for (unsigned i = threadIdx.x; i < units * vecs; i += Traits::block_threads) {
     const unsigned u = i / vecs, v = i - u * vecs, j = u / layers, l = u - j * layers;
