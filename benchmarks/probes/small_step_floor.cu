@@ -8,6 +8,12 @@
 //   copies     + copy 2 fresh 576-byte rows from pinned host memory into the pool after the lookups
 //   no-lru     lookups and the 2 host rows, without the LRU scan
 //   overlap    all of it, the host loads issued before the LRU scan (their latency hidden by it)
+//   page only  index + the page-table load per entry alone (no reverse map)
+//   resolver   index + what the resolver's round trip 2 loads: per entry its page-table,
+//              optional-map and reverse-map entries, and the slot's 4096 hot rows and LRU order
+//              staged into shared memory
+//   no rmap    the resolver's round trip 2 without the reverse map (what hit detection from the
+//              staged hot rows would load)
 // Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
 // spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
 // LRU order and pool each in its own region of a large allocation, so each dependent load after
@@ -16,6 +22,10 @@
 // index 3.78 / 3.74-3.78; + lookups 5.41-5.54 / 5.41-5.54; + LRU scan 6.69-6.82 / 6.75-6.85;
 // + 2 host rows 10.08-10.24 / 10.24-10.43; no LRU 9.57-9.70 / 9.76-9.89; overlap 7.36-7.49 /
 // 7.52-7.62. At most 0.3 µs apart: co-location would not buy the resolver anything measurable.
+// The last three stages (H200, 2026-11-30, two runs, packed / spread): page table only
+// 4.51-4.58 / 4.54-4.58; the resolver's round trip 2 6.78-6.82 / 6.78-6.82; without the
+// reverse map 5.54-5.60 / 5.57-5.60. The reverse map's load per entry costs its round trip
+// 1.2 µs: hit detection from the staged hot rows pays if it costs less than that.
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 #include <cuda_runtime.h>
@@ -49,19 +59,41 @@ struct state {
   unsigned short* order;       // [kHot]
   const int4* host;            // pinned, mapped: kRows rows
   int4* pool;                  // device rows
+  const int* optional_map;     // [kRows / kPageRows + 1]
+  const int* hot_rows;         // [kHot]
 };
 
-template <int Stage>  // 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU scan
+// 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU
+// scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map
+template <int Stage>
 __global__ void __launch_bounds__(kBlock) step(state s) {
   using scan_t = cub::BlockScan<int, kBlock>;
   __shared__ typename scan_t::TempStorage scan;
   __shared__ int miss_rows[2];
+  __shared__ alignas(16) int hot_stage[kHot];
+  __shared__ alignas(16) unsigned short order_stage[kHot];
   const int tid = threadIdx.x;
   const int slot = __ldcg(s.slot);
   int e[kPerThread], loc[kPerThread];
   for (int k = 0; k < kPerThread; ++k) e[k] = __ldcg(s.selection + slot * kTopK + tid + k * kBlock);
   for (int k = 0; k < kPerThread; ++k) loc[k] = e[k];
-  if (Stage >= 1) {
+  if (Stage >= 6) {
+    int page[kPerThread], opt[kPerThread];
+    unsigned way[kPerThread];
+    for (int k = 0; k < kPerThread; ++k) {
+      page[k] = __ldcg(s.page_table + e[k] / kPageRows);
+      opt[k] = Stage >= 7 ? __ldcg(s.optional_map + e[k] / kPageRows) : -1;
+      way[k] = Stage == 7 ? __ldcg(s.rmap + e[k]) : 0xFFFFu;
+    }
+    if (Stage >= 7) {
+      reinterpret_cast<int4*>(hot_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.hot_rows) + tid);
+      if (tid < kHot / 8) reinterpret_cast<int4*>(order_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.order) + tid);
+    }
+    __syncthreads();
+    for (int k = 0; k < kPerThread; ++k)
+      loc[k] = Stage == 6 ? page[k] : way[k] != 0xFFFFu ? static_cast<int>(way[k]) : opt[k] >= 0 ? opt[k] : page[k] + hot_stage[(tid + k) % kHot] +
+                                                                                     order_stage[(tid + 3 * k) % kHot];
+  } else if (Stage >= 1) {
     for (int k = 0; k < kPerThread; ++k) {
       const int page = __ldcg(s.page_table + e[k] / kPageRows);
       const unsigned way = __ldcg(s.rmap + e[k]);
@@ -77,7 +109,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
       for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
         row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
   }
-  if (Stage >= 2 && Stage != 4) {
+  if (Stage >= 2 && Stage != 4 && Stage < 6) {
     unsigned short od[kWaysPerThread];
     int mine = 0;
     for (int k = 0; k < kWaysPerThread; ++k) {
@@ -137,7 +169,8 @@ int main() {
 
   // Device arrays in one allocation: `gap` bytes between consecutive arrays (each rounded up to 256).
   const size_t sizes[] = {sizeof(int), kTopK * sizeof(int), kTopK * sizeof(int), pages.size() * sizeof(int),
-                          kRows * sizeof(unsigned short), kHot * sizeof(unsigned short), 2 * kRowBytes};
+                          kRows * sizeof(unsigned short), kHot * sizeof(unsigned short), 2 * kRowBytes,
+                          pages.size() * sizeof(int), kHot * sizeof(int)};
   constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
   const size_t spread_gap = size_t{16} << 20;
   char* arena = nullptr;
@@ -156,7 +189,7 @@ int main() {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][6] = {};
+  float t[2][9] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -170,20 +203,28 @@ int main() {
     CK(cudaMemcpy(at[3], pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(at[4], rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(at[5], order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    CK(cudaMemset(at[7], 0xFF, pages.size() * sizeof(int)));  // no optional page ready
+    CK(cudaMemcpy(at[8], sel.data(), kHot * sizeof(int) / 2, cudaMemcpyHostToDevice));  // some rows
+    CK(cudaMemset(at[8] + kHot * sizeof(int) / 2, 0xFF, kHot * sizeof(int) / 2));
     const state s{reinterpret_cast<const int*>(at[0]), reinterpret_cast<const int*>(at[1]), reinterpret_cast<int*>(at[2]),
                   reinterpret_cast<const int*>(at[3]), reinterpret_cast<const unsigned short*>(at[4]),
-                  reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6])};
+                  reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6]),
+                  reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8])};
     t[spread][0] = median_us<0>(s, flush, flush_bytes, st);
     t[spread][1] = median_us<1>(s, flush, flush_bytes, st);
     t[spread][2] = median_us<2>(s, flush, flush_bytes, st);
     t[spread][3] = median_us<3>(s, flush, flush_bytes, st);
     t[spread][4] = median_us<4>(s, flush, flush_bytes, st);
     t[spread][5] = median_us<5>(s, flush, flush_bytes, st);
+    t[spread][6] = median_us<6>(s, flush, flush_bytes, st);
+    t[spread][7] = median_us<7>(s, flush, flush_bytes, st);
+    t[spread][8] = median_us<8>(s, flush, flush_bytes, st);
   }
   const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
-                         "lookups + 2 host rows, no LRU", "host loads overlapping the LRU"};
+                         "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
+                         "resolver round trip 2", "round trip 2 without reverse map"};
   std::printf("C = 1 step floor, L2 flushed, median of 200 (us)\n");
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 6; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < 9; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
