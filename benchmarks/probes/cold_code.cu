@@ -29,14 +29,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "probe_timing.cuh"
+
 
 constexpr int kBlock = 1024;
 
@@ -92,26 +86,14 @@ enum class state { warm, flushed, evicted };
 
 template <class Launch>
 float median_us(Launch launch, state s, void* flush, size_t flush_bytes, unsigned* out, int sms, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int i = 0; i < 220; ++i) {
-    if (s == state::evicted) straight<64><<<sms, kBlock, 0, st>>>(i, out);
-    if (s == state::warm) spin<<<1, 32, 0, st>>>(100'000);  // about 50 us at 2 GHz
-    else CK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st));
-    CK(cudaEventRecord(a, st));
-    launch(st);
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 20) t.push_back(ms * 1000.f);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return t[t.size() / 2];
+  return probes::median_launch_us(
+      st,
+      [&](cudaStream_t q, int i) {
+        if (s == state::evicted) straight<64><<<sms, kBlock, 0, q>>>(i, out);
+        if (s == state::warm) spin<<<1, 32, 0, q>>>(100'000);  // about 50 us at 2 GHz
+        else DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q));
+      },
+      launch);
 }
 
 template <int P>
@@ -133,14 +115,14 @@ void row(void* flush, size_t flush_bytes, unsigned* out, int sms, cudaStream_t s
 
 int main() {
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  DHB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
+  DHB_CHECK(cudaMalloc(&flush, flush_bytes));
   unsigned* out = nullptr;
-  CK(cudaMalloc(&out, sizeof(unsigned)));
+  DHB_CHECK(cudaMalloc(&out, sizeof(unsigned)));
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::printf("cold code, events, median of 200 (us); straight code is about 3.2-4 KiB of SASS per phase\n");
   std::printf("phases  CTAs x threads | straight: warm  flushed  evicted | looped: warm  flushed  evicted\n");
   row<1>(flush, flush_bytes, out, sms, st);

@@ -12,14 +12,8 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e));        \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "probe_timing.cuh"
+
 #define CU(x)                                                                         \
   do {                                                                                \
     CUresult e = (x);                                                                 \
@@ -81,18 +75,18 @@ void* vmm_host(size_t bytes, size_t granularity) {
 }
 
 int main() {
-  CK(cudaFree(nullptr));
+  DHB_CHECK(cudaFree(nullptr));
   cudaStream_t s;
-  CK(cudaStreamCreate(&s));
+  DHB_CHECK(cudaStreamCreate(&s));
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  DHB_CHECK(cudaEventCreate(&a));
+  DHB_CHECK(cudaEventCreate(&b));
   const int row_bytes = 576, vecs = row_bytes / 16, per = 410, sets = 16;
   const size_t hist = 100000, requests = 128, pool = hist * row_bytes * requests;
   void* flush;
-  CK(cudaMalloc(&flush, size_t{256} << 20));
+  DHB_CHECK(cudaMalloc(&flush, size_t{256} << 20));
   void* dst;
-  CK(cudaMalloc(&dst, requests * per * row_bytes));
+  DHB_CHECK(cudaMalloc(&dst, requests * per * row_bytes));
   struct host_pool {
     const char* name;
     void* p;
@@ -100,13 +94,13 @@ int main() {
   std::vector<host_pool> pools;
   void* h = nullptr;
   void* hd = nullptr;
-  CK(cudaHostAlloc(&h, pool, cudaHostAllocMapped));
-  CK(cudaHostGetDevicePointer(&hd, h, 0));
+  DHB_CHECK(cudaHostAlloc(&h, pool, cudaHostAllocMapped));
+  DHB_CHECK(cudaHostGetDevicePointer(&hd, h, 0));
   pools.push_back({"cudaHostAlloc", hd});
   if (void* v = vmm_host(pool, size_t{2} << 20)) pools.push_back({"vmm-2MiB", v});
   if (void* v = vmm_host(pool, size_t{1} << 30)) pools.push_back({"vmm-1GiB", v});
   for (auto& p : pools) fill<<<1024, 256>>>(static_cast<int4*>(p.p), pool / 16);
-  CK(cudaDeviceSynchronize());
+  DHB_CHECK(cudaDeviceSynchronize());
   std::mt19937_64 g(9);
   for (int C : {8, 128}) {
     const int n = C * per;
@@ -118,20 +112,20 @@ int main() {
       std::sort(off.begin() + static_cast<size_t>(l) * n, off.begin() + static_cast<size_t>(l + 1) * n);
     }
     long* doff;
-    CK(cudaMalloc(&doff, off.size() * sizeof(long)));
-    CK(cudaMemcpy(doff, off.data(), off.size() * sizeof(long), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMalloc(&doff, off.size() * sizeof(long)));
+    DHB_CHECK(cudaMemcpy(doff, off.data(), off.size() * sizeof(long), cudaMemcpyHostToDevice));
     for (auto& p : pools)
       for (int flushed = 0; flushed < 2; ++flushed) {
         std::vector<float> t;
         for (int i = 0; i < 48; ++i) {
-          if (flushed) CK(cudaMemsetAsync(flush, i, size_t{256} << 20, s));
-          CK(cudaEventRecord(a, s));
+          if (flushed) DHB_CHECK(cudaMemsetAsync(flush, i, size_t{256} << 20, s));
+          DHB_CHECK(cudaEventRecord(a, s));
           gather<<<132, 512, 0, s>>>(static_cast<const int4*>(p.p), static_cast<int4*>(dst),
                                      doff + static_cast<size_t>(i % sets) * n, n, vecs);
-          CK(cudaEventRecord(b, s));
-          CK(cudaEventSynchronize(b));
+          DHB_CHECK(cudaEventRecord(b, s));
+          DHB_CHECK(cudaEventSynchronize(b));
           float ms = 0;
-          CK(cudaEventElapsedTime(&ms, a, b));
+          DHB_CHECK(cudaEventElapsedTime(&ms, a, b));
           if (i >= 16) t.push_back(ms * 1e3f);
         }
         std::sort(t.begin(), t.end());
@@ -139,7 +133,7 @@ int main() {
         std::printf("C=%3d %-14s L2 flush=%d: median %8.1f us  %5.1f GB/s\n", C, p.name, flushed, med,
                     static_cast<double>(n) * row_bytes / med / 1e3);
       }
-    CK(cudaFree(doff));
+    DHB_CHECK(cudaFree(doff));
   }
   return 0;
 }

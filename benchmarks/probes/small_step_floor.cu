@@ -38,14 +38,8 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+#include "probe_timing.cuh"
+
 
 constexpr int kBlock = 1024, kTopK = 2048, kHot = 4096, kRows = 100'000, kPageRows = 64, kRowBytes = 576;
 constexpr int kPerThread = kTopK / kBlock, kWaysPerThread = kHot / kBlock;
@@ -136,24 +130,9 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
 
 template <int Stage>
 float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int i = 0; i < 220; ++i) {
-    CK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st));
-    CK(cudaEventRecord(a, st));
-    step<Stage><<<1, kBlock, 0, st>>>(s);
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 20) t.push_back(ms * 1000.f);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return t[t.size() / 2];
+  return probes::median_launch_us(
+      st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
+      [&](cudaStream_t q) { step<Stage><<<1, kBlock, 0, q>>>(s); });
 }
 
 int main() {
@@ -175,18 +154,18 @@ int main() {
   const size_t spread_gap = size_t{16} << 20;
   char* arena = nullptr;
   const size_t arena_bytes = kArrays * spread_gap + (size_t{2} << 20);
-  CK(cudaMalloc(&arena, arena_bytes));
+  DHB_CHECK(cudaMalloc(&arena, arena_bytes));
   char* const base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(arena) + (size_t{2} << 20) - 1) &
                                              ~((uintptr_t{2} << 20) - 1));  // a 2 MiB boundary
   int4* h_host = nullptr;
-  CK(cudaHostAlloc(&h_host, static_cast<size_t>(kRows) * kRowBytes, cudaHostAllocMapped));
+  DHB_CHECK(cudaHostAlloc(&h_host, static_cast<size_t>(kRows) * kRowBytes, cudaHostAllocMapped));
   int4* h_dev = nullptr;
-  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h_host, 0));
+  DHB_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h_host, 0));
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
+  DHB_CHECK(cudaMalloc(&flush, flush_bytes));
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
   float t[2][9] = {};
@@ -198,14 +177,14 @@ int main() {
       at[i] = base + (spread ? i * spread_gap : off);
       off += (sizes[i] + 255) / 256 * 256;
     }
-    CK(cudaMemcpy(at[0], &zero, sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(at[1], sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(at[3], pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(at[4], rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(at[5], order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
-    CK(cudaMemset(at[7], 0xFF, pages.size() * sizeof(int)));  // no optional page ready
-    CK(cudaMemcpy(at[8], sel.data(), kHot * sizeof(int) / 2, cudaMemcpyHostToDevice));  // some rows
-    CK(cudaMemset(at[8] + kHot * sizeof(int) / 2, 0xFF, kHot * sizeof(int) / 2));
+    DHB_CHECK(cudaMemcpy(at[0], &zero, sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[1], sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[3], pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[4], rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[5], order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemset(at[7], 0xFF, pages.size() * sizeof(int)));  // no optional page ready
+    DHB_CHECK(cudaMemcpy(at[8], sel.data(), kHot * sizeof(int) / 2, cudaMemcpyHostToDevice));  // some rows
+    DHB_CHECK(cudaMemset(at[8] + kHot * sizeof(int) / 2, 0xFF, kHot * sizeof(int) / 2));
     const state s{reinterpret_cast<const int*>(at[0]), reinterpret_cast<const int*>(at[1]), reinterpret_cast<int*>(at[2]),
                   reinterpret_cast<const int*>(at[3]), reinterpret_cast<const unsigned short*>(at[4]),
                   reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6]),
