@@ -83,6 +83,21 @@ TEST_CASE("cuda resolver matches the host hierarchy: misses spanning more than t
       "576/long histories/ordered copies");
 }
 
+// Batches on both sides of the whole grid (132 CTAs on an H200): up to 2C <= grid the entry CTAs
+// leave every copy to the spare CTAs, up to C = grid they copy as well, above it CTAs take several
+// entries from the ticket counter. Early copies (the default at every size) and address-ordered
+// copies alike.
+TEST_CASE("cuda resolver matches the host hierarchy: batches around the grid size", "[gpu][differential]") {
+  using tiny = dh::layouts::tiny;
+  using b16 = dh::lru_hot_cache<16>;
+  constexpr dh::hierarchy_config many{.max_requests = 200, .max_rows = 200, .optional_pages = 40};
+  run_differential<tiny, b16>(many, {.steps = 300, .max_batch = 200, .state_every = 10, .seed = 71},
+                              "tiny/200 requests/early copies");
+  run_differential<tiny, b16>(many,
+                              {.steps = 300, .max_batch = 200, .state_every = 10, .seed = 72, .early_copy_max_batch = 0},
+                              "tiny/200 requests/ordered copies");
+}
+
 // Grids smaller than the batch: with 1, 3 and 5 CTAs, batches of up to 6 entries fall on both
 // sides of 2C <= grid (entry CTAs that claim no copies and are not counted on the done counter,
 // or entry CTAs that copy and are counted) and above C = grid (CTAs that take several entries),

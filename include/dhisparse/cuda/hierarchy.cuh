@@ -211,8 +211,8 @@ class hierarchy {
     tuning_.early_copy_warps = copy_warps;
     tuning_.early_rows_per_warp = rows_per_warp;
   }
-  /// Largest batch whose copies start early, in selection order (a tuning switch; default 16,
-  /// 0 turns early copies off): see resolve_params::early_copy_max_batch.
+  /// Largest batch whose copies start early, in selection order (a tuning switch; default every
+  /// batch, 0 turns early copies off): see resolve_params::early_copy_max_batch.
   void set_early_copy_max_batch(unsigned entries) { tuning_.early_copy_max_batch = entries; }
   /// CTAs a resolve launches (a tuning switch): 0 = the whole persistent grid (default), else at
   /// most `ctas`. The kernel is correct for any grid; fewer CTAs launch and retire sooner.
