@@ -65,6 +65,7 @@
 #include <cuda/atomic>
 #include <cuda_pipeline.h>
 #include <cub/block/block_scan.cuh>
+#include <cub/warp/warp_scan.cuh>
 
 #include <climits>
 #include <cstddef>
@@ -134,6 +135,7 @@ struct resolve_traits {
 
   using order_t = std::conditional_t<(HotRows <= 65536), std::uint16_t, std::uint32_t>;  ///< as lru_hot_cache
   using scan_t = cub::BlockScan<int, Block>;
+  using warp_scan_t = cub::WarpScan<unsigned>;  ///< the copy phase's prefix of copy units, in warp 0
   /// Bits of the rank bitmap: the sort buffers' bytes, reused (misses spanning fewer rows are
   /// ranked without sorting).
   static constexpr int bitmap_bits = 2 * sort_capacity * 32;
@@ -156,6 +158,7 @@ struct resolve_traits {
     std::uint64_t self_src[self_copy_max_units];  ///< self copy: host offset of missing entry j
     location self_dst[self_copy_max_units];       ///< self copy: its destination, no_location for a repeat
     typename scan_t::TempStorage scan;
+    typename warp_scan_t::TempStorage warp_scan;
     alignas(16) row_index hot[HotRows];                          ///< the slot's hot_row, staged in round trip 2
     alignas(16) order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
     alignas(16) unsigned char is_hit[(HotRows + 15) / 16 * 16];  ///< per hot way: holds a selected row
@@ -952,29 +955,24 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
 
   // Wait until every entry of this launch has published its copies' sources and count (every
-  // entry's metadata runs on a CTA that is already resident, so this terminates).
+  // entry's metadata runs on a CTA that is already resident, so this terminates), and build the
+  // exclusive prefix of their copy units in the same warp as the counts arrive: the other warps
+  // wait at one barrier instead of taking part in a block-wide scan.
   if (warp == 0) {
-    for (unsigned e = lane; e < C; e += 32)
-      prefix[e] = ready_units(wait_ready(ws.ready, e, epoch, false));  // the entry's units, scanned in place below
+    unsigned running = 0;
+    for (unsigned c0 = 0; c0 < C; c0 += 32) {
+      const unsigned e = c0 + lane;
+      const unsigned units = e < C ? ready_units(wait_ready(ws.ready, e, epoch, false)) : 0u;
+      unsigned before = 0, chunk = 0;
+      typename Traits::warp_scan_t(sh.warp_scan).ExclusiveSum(units, before, chunk);
+      if (e < C) prefix[e] = running + before;
+      running += chunk;
+    }
+    if (lane == 0) prefix[C] = running;
   }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(9);
-
-  // Exclusive prefix of the entries' copy units.
-  unsigned running = 0;
-  for (unsigned c0 = 0; c0 < C; c0 += Block) {
-    const unsigned e = c0 + tid;
-    const int v = e < C ? static_cast<int>(prefix[e]) : 0;
-    __syncthreads();  // every read of this chunk before it is overwritten
-    int x = 0, chunk = 0;
-    typename Traits::scan_t(sh.scan).ExclusiveSum(v, x, chunk);
-    if (e < C) prefix[e] = running + static_cast<unsigned>(x);
-    running += static_cast<unsigned>(chunk);
-    __syncthreads();
-  }
-  if (tid == 0) prefix[C] = running;
-  __syncthreads();
-  const unsigned total = running;
+  const unsigned total = prefix[C];
   DHISPARSE_RESOLVE_MARK(10);
   if (total == 0) return;
 
