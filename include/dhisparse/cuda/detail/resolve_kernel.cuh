@@ -275,7 +275,7 @@ __device__ __forceinline__ std::uint64_t wait_ready(std::uint64_t* ready, unsign
     const std::uint64_t w = flag.load(::cuda::memory_order_acquire);
     if (static_cast<unsigned>(w) == epoch && (!placed || (w & placed_bit) != 0)) return w;
     __nanosleep(ns);
-    if (ns < 256) ns *= 2;
+    if (ns < 64) ns *= 2;  // short sleeps: a waiting copy warp sees a small step's publication sooner
   }
 }
 
