@@ -365,7 +365,7 @@ class hierarchy {
     check_followers_copied(source, "resolved again");
     if (batch.count == nullptr || batch.slots == nullptr)
       throw size_mismatch("batch_view needs device count and slots");
-    const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
+    const bool gathered = batch.gathered();
     const bool strided = batch.selections != nullptr && batch.locations != nullptr && batch.stride > 0;
     if (!gathered && !strided)
       throw size_mismatch("batch_view needs selections/locations with stride >= 1, or selection_ptrs/location_ptrs");

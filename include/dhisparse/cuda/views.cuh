@@ -134,6 +134,9 @@ struct batch_view {
   const std::uint32_t* count = nullptr;              ///< device scalar: entries in this launch
   std::uint32_t stride = 0;                          ///< strided layout: entries per selection
   std::uint32_t capacity = 0;                        ///< entries the buffers hold (<= max_requests)
+
+  /// The gathered layout is in use (both pointer arrays given); otherwise the strided one.
+  DHISPARSE_HD bool gathered() const { return selection_ptrs != nullptr && location_ptrs != nullptr; }
 };
 
 /// Scalar parameters of one resolver launch.

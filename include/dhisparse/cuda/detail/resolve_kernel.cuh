@@ -500,7 +500,7 @@ __device__ __forceinline__ void read_entry_head(typename Traits::shared_storage&
   constexpr int K = Traits::top_k;
   const int tid = static_cast<int>(threadIdx.x);
   const location_space space = src.space;
-  const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
+  const bool gathered = batch.gathered();
 #pragma unroll
   for (int k = 0; k < KPT; ++k) e[k] = no_row;
   if (!gathered) {
@@ -562,7 +562,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
   const location_space space = src.space;
 
   // Round trip 1, unless the kernel read this entry's head with the batch count.
-  const bool gathered = batch.selection_ptrs != nullptr && batch.location_ptrs != nullptr;
+  const bool gathered = batch.gathered();
   if (!head_read) {
     read_entry_head<Traits>(sh, src, batch, t, e);
     __syncthreads();
