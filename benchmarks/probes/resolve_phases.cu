@@ -12,7 +12,8 @@
 // Not part of the build (the library include directory may point at a variant to compare):
 //   nvcc -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Iinclude -Ibenchmarks \
 //        -o resolve_phases benchmarks/probes/resolve_phases.cu
-//   ./resolve_phases [timed steps, default 50]
+//   ./resolve_phases [timed steps, default 50] [batch sizes, default 1,8] [self-copy units]
+// (one request per batch entry, 100K rows of history each: C = 128 pins 7.4 GB of host memory)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,7 +52,7 @@ __device__ unsigned long long refetch_lanes;  // lanes that fetched an early-cop
 
 namespace {
 using namespace dhisparse_bench;
-constexpr std::uint32_t kTopK = 2048, kHot = 4096, kPageRows = 64, kTail = 64, kHist = 100000, kRequests = 8;
+constexpr std::uint32_t kTopK = 2048, kHot = 4096, kPageRows = 64, kTail = 64, kHist = 100000;
 constexpr int kRowBytes = 576;
 
 struct layout {
@@ -76,17 +77,30 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const std::uint32_t timed = argc > 1 ? static_cast<std::uint32_t>(std::atoi(argv[1])) : 50;
+  std::vector<std::uint32_t> batches;
+  for (const char* c = argc > 2 ? argv[2] : "1,8"; *c != '\0';) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(c, &end, 10);
+    if (end == c || v == 0) {
+      std::fprintf(stderr, "resolve_phases: batch sizes are positive integers separated by commas\n");
+      return 2;
+    }
+    batches.push_back(static_cast<std::uint32_t>(v));
+    c = *end == ',' ? end + 1 : end;
+  }
+  const std::uint32_t requests = *std::max_element(batches.begin(), batches.end());
   cudaStream_t s;
   DHB_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  pinned_buffer history(std::size_t(kRequests) * kHist * kRowBytes);
+  pinned_buffer history(std::size_t(requests) * kHist * kRowBytes);
   std::memset(history.get(), 0x5A, history.bytes());
   dhisparse::hierarchy_config cfg;
-  cfg.max_requests = kRequests;
+  cfg.max_requests = requests;
   cfg.max_rows = kHist;
   cfg.tail_rows = kTail;
   hierarchy h(cfg, s);
-  std::vector<std::int32_t> slot_of(kRequests);
-  for (std::uint32_t q = 0; q < kRequests; ++q) {
+  if (argc > 3) h.set_self_copy_units(static_cast<unsigned>(std::atoi(argv[3])));
+  std::vector<std::int32_t> slot_of(requests);
+  for (std::uint32_t q = 0; q < requests; ++q) {
     slot_of[q] = static_cast<std::int32_t>(h.admit(q, s).slot);
     for (std::uint32_t r = 0; r < kHist; r += 25000)
       h.append(q, 0, history.get() + (std::size_t(q) * kHist + r) * kRowBytes, std::min(25000u, kHist - r), s);
@@ -96,9 +110,9 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaGetDevice(&dev));
   DHB_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   device_buffer<std::byte> flush(4 * std::size_t(l2));
-  device_buffer<std::int32_t> slots(kRequests), locations(std::size_t(kRequests) * kTopK);
+  device_buffer<std::int32_t> slots(requests), locations(std::size_t(requests) * kTopK);
   device_buffer<std::uint32_t> count(1);
-  history_walk walk(kRequests, kHist, kTail, kTopK, 0xFA5E5ull);
+  history_walk walk(requests, kHist, kTail, kTopK, 0xFA5E5ull);
   step_timer timer;
   std::vector<unsigned long long> st(phase_marks::kMaxCtas * phase_marks::kPhases);
   std::vector<long long> clk(st.size());
@@ -125,7 +139,7 @@ int main(int argc, char** argv) {
     DHB_CHECK(cudaFree(sink));
   }
   std::printf("%-4s %-5s %7s | %s\n", "C", "miss", "event", "phase: latest entry (1-8) / copy CTAs median..last (9-11), us");
-  for (std::uint32_t C : {1u, 8u})
+  for (std::uint32_t C : batches)
     for (std::uint32_t m : {2u, 410u}) {
       std::vector<std::int32_t> req(C);
       std::iota(req.begin(), req.end(), 0);
