@@ -8,6 +8,7 @@
 //   copies     + copy 2 fresh 576-byte rows from pinned host memory into the pool after the lookups
 //   no-lru     lookups and the 2 host rows, without the LRU scan
 //   overlap    all of it, the host loads issued before the LRU scan (their latency hidden by it)
+//   async      as overlap, the host rows fetched with cp.async into shared memory instead
 //   page only  index + the page-table load per entry alone (no reverse map)
 //   resolver   index + what the resolver's round trip 2 loads: per entry its page-table,
 //              optional-map and reverse-map entries, and the slot's 4096 hot rows and LRU order
@@ -26,10 +27,22 @@
 // 4.51-4.58 / 4.54-4.58; the resolver's round trip 2 6.78-6.82 / 6.78-6.82; without the
 // reverse map 5.54-5.60 / 5.57-5.60. The reverse map's load per entry costs its round trip
 // 1.2 µs: hit detection from the staged hot rows pays if it costs less than that.
+// With a batch size C as argument, C CTAs run every stage at once, CTA b on request b's own copy
+// of every array (selection, page tables, reverse map, LRU order, hot rows, its two host rows in
+// its own 57.6 MB of pinned history): what C entries' dependent work costs together, HBM and
+// host reads shared. H200, 2026-11-30, one run each, packed / spread, µs: C = 1: overlap 7.33 /
+// 7.52, async 9.09 / 9.12, round trip 2 7.07 / 7.07, without the reverse map 5.92 / 5.95;
+// C = 128: index 5.02 / 5.09, + lookups 11.14 / 11.20, + LRU scan 13.06 / 13.22, overlap
+// 14.88 / 14.88, async 22.27 / 22.37, round trip 2 13.60 / 13.73, without the reverse map
+// 8.19 / 8.38. So at C = 128 even this floor is above 10 µs, the reverse map's lookups cost
+// 5.4 µs of HBM time, and cp.async from mapped host memory is much slower than plain loads
+// (7.4 µs for the step's 256 rows; 1.8 µs at C = 1).
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
+//   ./small_step_floor [C, default 1]
 #include <cuda_runtime.h>
 #include <cub/block/block_scan.cuh>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -45,13 +58,13 @@ constexpr int kBlock = 1024, kTopK = 2048, kHot = 4096, kRows = 100'000, kPageRo
 constexpr int kPerThread = kTopK / kBlock, kWaysPerThread = kHot / kBlock;
 
 struct state {
-  const int* slot;             // [1]
+  const int* slot;             // [1] (request b of CTA b reads its arrays at slot + b)
   const int* selection;        // [kTopK]
   int* locations;              // [kTopK]
   const int* page_table;       // [kRows / kPageRows + 1]
   const unsigned short* rmap;  // [kRows] hot way of each row, 0xFFFF if none
   unsigned short* order;       // [kHot]
-  const int4* host;            // pinned, mapped: kRows rows
+  const int4* host;            // pinned, mapped: kRows rows per request
   int4* pool;                  // device rows
   const int* optional_map;     // [kRows / kPageRows + 1]
   const int* hot_rows;         // [kHot]
@@ -67,11 +80,19 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   __shared__ alignas(16) int hot_stage[kHot];
   __shared__ alignas(16) unsigned short order_stage[kHot];
   const int tid = threadIdx.x;
-  const int slot = __ldcg(s.slot);
+  const int slot = __ldcg(s.slot) + static_cast<int>(blockIdx.x);
+  const std::size_t pages_base = static_cast<std::size_t>(slot) * (kRows / kPageRows + 1);
+  s.locations += static_cast<std::size_t>(slot) * kTopK;
+  s.page_table += pages_base;
+  s.optional_map += pages_base;
+  s.rmap += static_cast<std::size_t>(slot) * kRows;
+  s.order += static_cast<std::size_t>(slot) * kHot;
+  s.hot_rows += static_cast<std::size_t>(slot) * kHot;
+  s.pool += static_cast<std::size_t>(slot) * 2 * (kRowBytes / 16);
   int e[kPerThread], loc[kPerThread];
   for (int k = 0; k < kPerThread; ++k) e[k] = __ldcg(s.selection + slot * kTopK + tid + k * kBlock);
   for (int k = 0; k < kPerThread; ++k) loc[k] = e[k];
-  if (Stage >= 6) {
+  if (Stage >= 6 && Stage <= 8) {
     int page[kPerThread], opt[kPerThread];
     unsigned way[kPerThread];
     for (int k = 0; k < kPerThread; ++k) {
@@ -97,13 +118,22 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   const int warp = tid >> 5, lane = tid & 31;
   int4 row_buf[2] = {};
   if (Stage == 5) {  // host loads first: their latency overlaps the LRU scan below
-    if (tid < 2) miss_rows[tid] = loc[0] % kRows;
+    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;
     __syncthreads();
     if (warp < 2)
       for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
         row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
   }
-  if (Stage >= 2 && Stage != 4 && Stage < 6) {
+  __shared__ alignas(16) int4 async_rows[2][kRowBytes / 16];
+  if (Stage == 9) {  // as stage 5, through cp.async into shared memory
+    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;
+    __syncthreads();
+    if (warp < 2)
+      for (int v = lane; v < kRowBytes / 16; v += 32)
+        __pipeline_memcpy_async(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v, 16);
+    __pipeline_commit();
+  }
+  if ((Stage >= 2 && Stage != 4 && Stage < 6) || Stage == 9) {
     unsigned short od[kWaysPerThread];
     int mine = 0;
     for (int k = 0; k < kWaysPerThread; ++k) {
@@ -114,10 +144,15 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     scan_t(scan).ExclusiveSum(mine, before);
     for (int k = 0; k < kWaysPerThread; ++k) s.order[(tid * kWaysPerThread + k + before) % kHot] = od[k];
   }
+  if (Stage == 9) {
+    __pipeline_wait_prior(0);
+    if (warp < 2)
+      for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
+  }
   if (Stage == 5 && warp < 2)
     for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = row_buf[i];
   if (Stage == 3 || Stage == 4) {
-    if (tid < 2) miss_rows[tid] = loc[0] % kRows;  // two rows found missing by the lookups
+    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;  // two rows found missing by the lookups
     __syncthreads();
     if (warp < 2) {
       const int4* src = s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16);
@@ -128,37 +163,50 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   for (int k = 0; k < kPerThread; ++k) s.locations[tid + k * kBlock] = loc[k];
 }
 
+int g_ctas = 1;  // CTAs (requests) per launch
+
 template <int Stage>
 float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
   return probes::median_launch_us(
       st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
-      [&](cudaStream_t q) { step<Stage><<<1, kBlock, 0, q>>>(s); });
+      [&](cudaStream_t q) { step<Stage><<<g_ctas, kBlock, 0, q>>>(s); });
 }
 
-int main() {
+int main(int argc, char** argv) {
+  g_ctas = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
+  const size_t C = static_cast<size_t>(g_ctas);
   std::mt19937 rng(7);
-  std::vector<int> sel(kTopK);
+  // Request b's arrays follow request b - 1's: every request has its own selection and state.
+  std::vector<int> sel(C * kTopK);
   for (auto& x : sel) x = static_cast<int>(rng() % kRows);
-  std::vector<int> pages(kRows / kPageRows + 1);
+  const size_t page_count = kRows / kPageRows + 1;
+  std::vector<int> pages(C * page_count);
   for (auto& p : pages) p = static_cast<int>(rng() % 100000);
-  std::vector<unsigned short> rmap(kRows, 0xFFFF), order(kHot);
-  for (int i = 0; i < kHot; ++i) order[i] = static_cast<unsigned short>(i);
-  for (int i = 0; i < kTopK; ++i)
-    if (i % 1000 != 0) rmap[sel[i]] = static_cast<unsigned short>(i % kHot);  // ~0.1 % misses
+  std::vector<unsigned short> rmap(C * kRows, 0xFFFF), order(C * kHot);
+  for (size_t i = 0; i < C * kHot; ++i) order[i] = static_cast<unsigned short>(i % kHot);
+  for (size_t b = 0; b < C; ++b)
+    for (int i = 0; i < kTopK; ++i)
+      if (i % 1000 != 0) rmap[b * kRows + sel[b * kTopK + i]] = static_cast<unsigned short>(i % kHot);  // ~0.1 % misses
+  std::vector<int> hot(C * kHot);
+  for (size_t b = 0; b < C; ++b)
+    for (int i = 0; i < kHot; ++i) hot[b * kHot + i] = i < kHot / 2 ? sel[b * kTopK + i % kTopK] : -1;  // some rows
 
   // Device arrays in one allocation: `gap` bytes between consecutive arrays (each rounded up to 256).
-  const size_t sizes[] = {sizeof(int), kTopK * sizeof(int), kTopK * sizeof(int), pages.size() * sizeof(int),
-                          kRows * sizeof(unsigned short), kHot * sizeof(unsigned short), 2 * kRowBytes,
-                          pages.size() * sizeof(int), kHot * sizeof(int)};
+  const size_t sizes[] = {sizeof(int), C * kTopK * sizeof(int), C * kTopK * sizeof(int), pages.size() * sizeof(int),
+                          rmap.size() * sizeof(unsigned short), order.size() * sizeof(unsigned short), C * 2 * kRowBytes,
+                          pages.size() * sizeof(int), hot.size() * sizeof(int)};
   constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
-  const size_t spread_gap = size_t{16} << 20;
+  size_t spread_gap = size_t{16} << 20;  // at least 16 MiB between arrays, and more than the largest
+  for (size_t b : sizes) spread_gap = std::max(spread_gap, (b + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20));
   char* arena = nullptr;
-  const size_t arena_bytes = kArrays * spread_gap + (size_t{2} << 20);
+  size_t packed_bytes = 0;
+  for (size_t b : sizes) packed_bytes += (b + 255) / 256 * 256;
+  const size_t arena_bytes = std::max(kArrays * spread_gap, packed_bytes) + (size_t{2} << 20);
   DHB_CHECK(cudaMalloc(&arena, arena_bytes));
   char* const base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(arena) + (size_t{2} << 20) - 1) &
                                              ~((uintptr_t{2} << 20) - 1));  // a 2 MiB boundary
   int4* h_host = nullptr;
-  DHB_CHECK(cudaHostAlloc(&h_host, static_cast<size_t>(kRows) * kRowBytes, cudaHostAllocMapped));
+  DHB_CHECK(cudaHostAlloc(&h_host, C * kRows * kRowBytes, cudaHostAllocMapped));
   int4* h_dev = nullptr;
   DHB_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_dev), h_host, 0));
   const size_t flush_bytes = 256u << 20;
@@ -168,7 +216,7 @@ int main() {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][9] = {};
+  float t[2][10] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -178,13 +226,12 @@ int main() {
       off += (sizes[i] + 255) / 256 * 256;
     }
     DHB_CHECK(cudaMemcpy(at[0], &zero, sizeof(int), cudaMemcpyHostToDevice));
-    DHB_CHECK(cudaMemcpy(at[1], sel.data(), kTopK * sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[1], sel.data(), sel.size() * sizeof(int), cudaMemcpyHostToDevice));
     DHB_CHECK(cudaMemcpy(at[3], pages.data(), pages.size() * sizeof(int), cudaMemcpyHostToDevice));
-    DHB_CHECK(cudaMemcpy(at[4], rmap.data(), kRows * sizeof(unsigned short), cudaMemcpyHostToDevice));
-    DHB_CHECK(cudaMemcpy(at[5], order.data(), kHot * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[4], rmap.data(), rmap.size() * sizeof(unsigned short), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[5], order.data(), order.size() * sizeof(unsigned short), cudaMemcpyHostToDevice));
     DHB_CHECK(cudaMemset(at[7], 0xFF, pages.size() * sizeof(int)));  // no optional page ready
-    DHB_CHECK(cudaMemcpy(at[8], sel.data(), kHot * sizeof(int) / 2, cudaMemcpyHostToDevice));  // some rows
-    DHB_CHECK(cudaMemset(at[8] + kHot * sizeof(int) / 2, 0xFF, kHot * sizeof(int) / 2));
+    DHB_CHECK(cudaMemcpy(at[8], hot.data(), hot.size() * sizeof(int), cudaMemcpyHostToDevice));
     const state s{reinterpret_cast<const int*>(at[0]), reinterpret_cast<const int*>(at[1]), reinterpret_cast<int*>(at[2]),
                   reinterpret_cast<const int*>(at[3]), reinterpret_cast<const unsigned short*>(at[4]),
                   reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6]),
@@ -198,12 +245,13 @@ int main() {
     t[spread][6] = median_us<6>(s, flush, flush_bytes, st);
     t[spread][7] = median_us<7>(s, flush, flush_bytes, st);
     t[spread][8] = median_us<8>(s, flush, flush_bytes, st);
+    t[spread][9] = median_us<9>(s, flush, flush_bytes, st);
   }
   const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
-                         "resolver round trip 2", "round trip 2 without reverse map"};
-  std::printf("C = 1 step floor, L2 flushed, median of 200 (us)\n");
+                         "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping"};
+  std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 9; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < 10; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
