@@ -56,17 +56,18 @@
 
 constexpr int kBlock = 1024, kTopK = 2048, kHot = 4096, kRows = 100'000, kPageRows = 64, kRowBytes = 576;
 constexpr int kPerThread = kTopK / kBlock, kWaysPerThread = kHot / kBlock;
+constexpr int kPages = kRows / kPageRows + 1;  // page-table entries per request
 
 struct state {
   const int* slot;             // [1] (request b of CTA b reads its arrays at slot + b)
   const int* selection;        // [kTopK]
   int* locations;              // [kTopK]
-  const int* page_table;       // [kRows / kPageRows + 1]
+  const int* page_table;       // [kPages]
   const unsigned short* rmap;  // [kRows] hot way of each row, 0xFFFF if none
   unsigned short* order;       // [kHot]
   const int4* host;            // pinned, mapped: kRows rows per request
   int4* pool;                  // device rows
-  const int* optional_map;     // [kRows / kPageRows + 1]
+  const int* optional_map;     // [kPages]
   const int* hot_rows;         // [kHot]
 };
 
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   __shared__ alignas(16) unsigned short order_stage[kHot];
   const int tid = threadIdx.x;
   const int slot = __ldcg(s.slot) + static_cast<int>(blockIdx.x);
-  const std::size_t pages_base = static_cast<std::size_t>(slot) * (kRows / kPageRows + 1);
+  const std::size_t pages_base = static_cast<std::size_t>(slot) * kPages;
   s.locations += static_cast<std::size_t>(slot) * kTopK;
   s.page_table += pages_base;
   s.optional_map += pages_base;
@@ -116,18 +117,21 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     }
   }
   const int warp = tid >> 5, lane = tid & 31;
-  int4 row_buf[2] = {};
-  if (Stage == 5) {  // host loads first: their latency overlaps the LRU scan below
+  // The two rows the lookups found missing, in this request's history: one per warp 0 and 1.
+  const auto pick_missing_rows = [&] {
     if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;
     __syncthreads();
+  };
+  int4 row_buf[2] = {};
+  if (Stage == 5) {  // host loads first: their latency overlaps the LRU scan below
+    pick_missing_rows();
     if (warp < 2)
       for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
         row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
   }
   __shared__ alignas(16) int4 async_rows[2][kRowBytes / 16];
   if (Stage == 9) {  // as stage 5, through cp.async into shared memory
-    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;
-    __syncthreads();
+    pick_missing_rows();
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32)
         __pipeline_memcpy_async(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v, 16);
@@ -152,8 +156,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   if (Stage == 5 && warp < 2)
     for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = row_buf[i];
   if (Stage == 3 || Stage == 4) {
-    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;  // two rows found missing by the lookups
-    __syncthreads();
+    pick_missing_rows();
     if (warp < 2) {
       const int4* src = s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16);
       int4* dst = s.pool + static_cast<size_t>(warp) * (kRowBytes / 16);
@@ -179,8 +182,7 @@ int main(int argc, char** argv) {
   // Request b's arrays follow request b - 1's: every request has its own selection and state.
   std::vector<int> sel(C * kTopK);
   for (auto& x : sel) x = static_cast<int>(rng() % kRows);
-  const size_t page_count = kRows / kPageRows + 1;
-  std::vector<int> pages(C * page_count);
+  std::vector<int> pages(C * kPages);
   for (auto& p : pages) p = static_cast<int>(rng() % 100000);
   std::vector<unsigned short> rmap(C * kRows, 0xFFFF), order(C * kHot);
   for (size_t i = 0; i < C * kHot; ++i) order[i] = static_cast<unsigned short>(i % kHot);
