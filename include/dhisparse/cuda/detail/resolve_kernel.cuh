@@ -424,13 +424,14 @@ __device__ __forceinline__ int rank_misses_by_sorting(typename Traits::shared_st
   return distinct;
 }
 
-/// Copies `n` 4-byte-multiple elements global -> shared with 16-byte loads when both sides allow.
+/// Copies `n` elements between global and shared memory with the whole CTA, in 16-byte vectors
+/// when both sides allow.
 template <int Block, class T, class U>
-__device__ __forceinline__ void stage_array(T* __restrict__ dst, const U* __restrict__ src, int n) {
+__device__ __forceinline__ void block_copy_array(T* __restrict__ dst, const U* __restrict__ src, int n) {
   const int tid = static_cast<int>(threadIdx.x);
   if constexpr (sizeof(T) == sizeof(U)) {
     constexpr int per_vec = 16 / sizeof(T);
-    if (n % per_vec == 0 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
+    if (n % per_vec == 0 && ((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) == 0) {
       const int4* s = reinterpret_cast<const int4*>(src);
       int4* d = reinterpret_cast<int4*>(dst);
       for (int j = tid; j < n / per_vec; j += Block) d[j] = s[j];
@@ -446,8 +447,8 @@ template <class Traits, class OrderIndex>
 __device__ __forceinline__ void stage_hot_state(typename Traits::shared_storage& sh, const row_index* hot_row,
                                                 const OrderIndex* order) {
   constexpr int Block = Traits::block_threads;
-  stage_array<Block>(sh.hot, hot_row, Traits::hot_rows);
-  stage_array<Block>(sh.ord, order, Traits::hot_rows);
+  block_copy_array<Block>(sh.hot, hot_row, Traits::hot_rows);
+  block_copy_array<Block>(sh.ord, order, Traits::hot_rows);
   unsigned* hit_words = reinterpret_cast<unsigned*>(sh.is_hit);
   for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(sizeof(sh.is_hit) / 4); j += Block) hit_words[j] = 0u;
 }
@@ -882,10 +883,14 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
         } else {
           at = kept + (q - rank);  // hits before q = q - (non-hits before q)
         }
-        src.order[hot_base + at] = static_cast<OrderIndex>(w);
+        // The new order is built in shared memory (every thread read its old positions before the
+        // scan's barrier) and written back whole: scattered 2-byte stores to HBM crawl while host
+        // reads are in flight.
+        sh.ord[at] = static_cast<typename Traits::order_t>(w);
       }
     }
     __syncthreads();
+    block_copy_array<Block>(src.order + hot_base, sh.ord, B);
     DHISPARSE_RESOLVE_MARK(7);
 
     // Missing entries: find their row among the distinct misses (bitmap rank, else binary search)
