@@ -9,6 +9,8 @@
 //   no-lru     lookups and the 2 host rows, without the LRU scan
 //   overlap    all of it, the host loads issued before the LRU scan (their latency hidden by it)
 //   async      as overlap, the host rows fetched with cp.async into shared memory instead
+//   bulk       as overlap, the host rows fetched with one bulk copy (TMA) each into shared memory,
+//              completing on an mbarrier
 //   page only  index + the page-table load per entry alone (no reverse map)
 //   resolver   index + what the resolver's round trip 2 loads: per entry its page-table,
 //              optional-map and reverse-map entries, and the slot's 4096 hot rows and LRU order
@@ -36,13 +38,16 @@
 // 14.88 / 14.88, async 22.27 / 22.37, round trip 2 13.60 / 13.73, without the reverse map
 // 8.19 / 8.38. So at C = 128 even this floor is above 10 µs, the reverse map's lookups cost
 // 5.4 µs of HBM time, and cp.async from mapped host memory is much slower than plain loads
-// (7.4 µs for the step's 256 rows; 1.8 µs at C = 1).
+// (7.4 µs for the step's 256 rows; 1.8 µs at C = 1). Bulk copies sit between the two (H200,
+// 2026-11-30, one run, packed / spread, µs): C = 1 overlap 7.49 / 7.71, async 9.02 / 9.25, bulk
+// 8.16 / 8.19; C = 128 overlap 14.98 / 15.01, async 22.18 / 22.14, bulk 20.67 / 20.58.
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 //   ./small_step_floor [C, default 1]
 #include <cuda_runtime.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_pipeline.h>
+#include <cuda/ptx>
 
 #include <algorithm>
 #include <cstdint>
@@ -72,7 +77,8 @@ struct state {
 };
 
 // 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU
-// scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map
+// scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map,
+// 9 as 5 with the host rows by cp.async, 10 as 5 by bulk copy
 template <int Stage>
 __global__ void __launch_bounds__(kBlock) step(state s) {
   using scan_t = cub::BlockScan<int, kBlock>;
@@ -130,6 +136,18 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
         row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
   }
   __shared__ alignas(16) int4 async_rows[2][kRowBytes / 16];
+  __shared__ std::uint64_t bulk_done;  // stage 10: the bulk copies' mbarrier
+  if (Stage == 10) {  // as stage 5, through bulk copies (TMA) into shared memory
+    if (tid == 0) {
+      cuda::ptx::mbarrier_init(&bulk_done, 1);
+      cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
+    pick_missing_rows();
+    if (tid == 0) cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, &bulk_done, 2 * kRowBytes);
+    if (tid < 2)
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, &async_rows[tid][0],
+                               s.host + static_cast<size_t>(miss_rows[tid]) * (kRowBytes / 16), kRowBytes, &bulk_done);
+  }
   if (Stage == 9) {  // as stage 5, through cp.async into shared memory
     pick_missing_rows();
     if (warp < 2)
@@ -137,7 +155,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
         __pipeline_memcpy_async(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v, 16);
     __pipeline_commit();
   }
-  if ((Stage >= 2 && Stage != 4 && Stage < 6) || Stage == 9) {
+  if ((Stage >= 2 && Stage != 4 && Stage < 6) || Stage >= 9) {
     unsigned short od[kWaysPerThread];
     int mine = 0;
     for (int k = 0; k < kWaysPerThread; ++k) {
@@ -150,6 +168,12 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   }
   if (Stage == 9) {
     __pipeline_wait_prior(0);
+    if (warp < 2)
+      for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
+  }
+  if (Stage == 10) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(&bulk_done, 0u)) {
+    }
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
   }
@@ -218,7 +242,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][10] = {};
+  float t[2][11] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -248,12 +272,14 @@ int main(int argc, char** argv) {
     t[spread][7] = median_us<7>(s, flush, flush_bytes, st);
     t[spread][8] = median_us<8>(s, flush, flush_bytes, st);
     t[spread][9] = median_us<9>(s, flush, flush_bytes, st);
+    t[spread][10] = median_us<10>(s, flush, flush_bytes, st);
   }
   const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
-                         "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping"};
+                         "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping",
+                         "host rows by bulk copy, overlapping"};
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 10; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < 11; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
