@@ -17,7 +17,8 @@
 ///    a rank bitmap over their row span (span below 64 x top_k rows), else a bitonic network. The
 ///    entry publishes the copies' host sources (`ready[t] = {epoch, units}`; release, or relaxed
 ///    for early copies, whose sources are checked again at `placed`), partitions
-///    the LRU order with cub::BlockScan, writes hot_row/order/way_of_row/locations and the copies'
+///    the LRU order with cub::BlockScan (the new order built in shared memory and written back
+///    whole), writes hot_row/order/way_of_row/locations and the copies'
 ///    destinations, and publishes again with the `placed` bit. No hash table, no scan of the B
 ///    hot ways for hit detection: the reverse map answers "which way holds row r" in one load.
 ///  * copy: a CTA that finds no entry left waits (acquire loads with nanosleep backoff) until every
@@ -48,7 +49,8 @@
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
-///    rows from host memory into shared memory, ranks the misses and rewrites the LRU order while
+///    rows from host memory into shared memory (an L2 prefetch of each row, issued as soon as the
+///    entry's threads with a miss are few enough, starts their host reads a little sooner), ranks the misses and rewrites the LRU order while
 ///    they are in flight, then stores each distinct row at its hot way. No cross-CTA publication
 ///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
 ///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
