@@ -457,6 +457,13 @@ __device__ __forceinline__ void stage_hot_state(typename Traits::shared_storage&
   for (int j = static_cast<int>(threadIdx.x); j < static_cast<int>(sizeof(sh.is_hit) / 4); j += Block) hit_words[j] = 0u;
 }
 
+/// Byte offset in the host store of history row `row` (layer 0), whose page is host page `page`.
+template <class OrderIndex>
+__device__ __forceinline__ std::uint64_t host_row_offset(const source_view<OrderIndex>& src, int page, row_index row) {
+  return static_cast<std::uint64_t>(page) * src.page_bytes +
+         static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
+}
+
 /// Starts a read of a host row (16-byte aligned, `bytes` a multiple of 16) into L2 without waiting
 /// for it: one bulk prefetch on SM 90, nothing before.
 __device__ __forceinline__ void prefetch_host_row([[maybe_unused]] const std::byte* at, [[maybe_unused]] unsigned bytes) {
@@ -669,8 +676,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 #pragma unroll
     for (int k = 0; k < KPT; ++k)
       if ((missing >> k) & 1u) {
-        const std::byte* row = src.host_store + static_cast<std::uint64_t>(hp[k]) * src.page_bytes +
-                               static_cast<std::uint64_t>(static_cast<unsigned>(e[k]) % src.page_rows) * src.row_bytes;
+        const std::byte* row = src.host_store + host_row_offset(src, hp[k], e[k]);
         for (unsigned l = 0; l < p.layers_to_copy; ++l) prefetch_host_row(row + l * layer_host_stride, src.row_bytes);
       }
   }
@@ -790,9 +796,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 #pragma unroll
     for (int k = 0; k < KPT; ++k)
       if ((missing >> k) & 1u) {
-        const std::uint64_t host_offset =
-            static_cast<std::uint64_t>(hp[k]) * src.page_bytes +
-            static_cast<std::uint64_t>(static_cast<unsigned>(e[k]) % src.page_rows) * src.row_bytes;
+        const std::uint64_t host_offset = host_row_offset(src, hp[k], e[k]);
         if (self_copy) {
           sh.self_src[pos] = host_offset;
         } else {
@@ -853,9 +857,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     // chooses their destinations.
     for (int r = tid; r < M; r += Block) {
       const int row = sh.miss_key[r];
-      plan[r].host_offset =
-          static_cast<std::uint64_t>(sh.miss_page[r]) * src.page_bytes +
-          static_cast<std::uint64_t>(static_cast<unsigned>(row) % src.page_rows) * src.row_bytes;
+      plan[r].host_offset = host_row_offset(src, sh.miss_page[r], row);
       plan[r].row = row;
     }
     if (!early && !self_copy) {
