@@ -50,8 +50,9 @@
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
 ///    rows from host memory into shared memory (an L2 prefetch of each row, issued as soon as the
-///    entry's threads with a miss are few enough, starts their host reads a little sooner), ranks the misses and rewrites the LRU order while
-///    they are in flight, then stores each distinct row at its hot way. No cross-CTA publication
+///    entry's threads with a miss are few enough, starts their host reads a little sooner),
+///    ranks the misses and rewrites the LRU order while they are in flight, then stores each
+///    distinct row at its hot way. No cross-CTA publication
 ///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
 ///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
 ///
@@ -65,7 +66,6 @@
 /// was taken by a CTA that is running, which needs neither. The last counted CTA to finish
 /// resets the counters and advances the epoch.
 #include <cuda/atomic>
-#include <cuda/ptx>
 #include <cuda_pipeline.h>
 #include <nv/target>
 #include <cub/block/block_scan.cuh>
