@@ -76,9 +76,26 @@ struct state {
   const int* hot_rows;         // [kHot]
 };
 
+// One 16-byte cp.async of a host row into shared memory: stage 9 and 14 as the resolver issues it
+// (__pipeline_memcpy_async), 11 and 12 with an L2 fetch-size hint of 128 or 256 bytes, 13
+// allocating in L1 (.ca).
+template <int Stage>
+__device__ __forceinline__ void async_row_copy(int4* dst, const int4* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (Stage == 11)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if constexpr (Stage == 12)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if constexpr (Stage == 13)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else
+    __pipeline_memcpy_async(dst, src, 16);
+}
+
 // 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU
 // scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map,
-// 9 as 5 with the host rows by cp.async, 10 as 5 by bulk copy
+// 9 as 5 with the host rows by cp.async, 10 as 5 by bulk copy, 11-13 as 9 with cp.async's L2
+// fetch-size hints (128 B, 256 B) or L1 allocation, 14 as 9 after a bulk L2 prefetch of each row
 template <int Stage>
 __global__ void __launch_bounds__(kBlock) step(state s) {
   using scan_t = cub::BlockScan<int, kBlock>;
@@ -148,11 +165,14 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, &async_rows[tid][0],
                                s.host + static_cast<size_t>(miss_rows[tid]) * (kRowBytes / 16), kRowBytes, &bulk_done);
   }
-  if (Stage == 9) {  // as stage 5, through cp.async into shared memory
+  if (Stage == 9 || Stage >= 11) {  // as stage 5, through cp.async into shared memory
     pick_missing_rows();
+    if (Stage == 14 && tid < 2)  // the resolver's way: a bulk L2 prefetch of each row first
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(s.host + static_cast<size_t>(miss_rows[tid]) * (kRowBytes / 16)),
+                   "r"(kRowBytes) : "memory");
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32)
-        __pipeline_memcpy_async(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v, 16);
+        async_row_copy<Stage>(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v);
     __pipeline_commit();
   }
   if ((Stage >= 2 && Stage != 4 && Stage < 6) || Stage >= 9) {
@@ -166,7 +186,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     scan_t(scan).ExclusiveSum(mine, before);
     for (int k = 0; k < kWaysPerThread; ++k) s.order[(tid * kWaysPerThread + k + before) % kHot] = od[k];
   }
-  if (Stage == 9) {
+  if (Stage == 9 || Stage >= 11) {
     __pipeline_wait_prior(0);
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
@@ -242,7 +262,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][11] = {};
+  float t[2][15] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -273,13 +293,19 @@ int main(int argc, char** argv) {
     t[spread][8] = median_us<8>(s, flush, flush_bytes, st);
     t[spread][9] = median_us<9>(s, flush, flush_bytes, st);
     t[spread][10] = median_us<10>(s, flush, flush_bytes, st);
+    t[spread][11] = median_us<11>(s, flush, flush_bytes, st);
+    t[spread][12] = median_us<12>(s, flush, flush_bytes, st);
+    t[spread][13] = median_us<13>(s, flush, flush_bytes, st);
+    t[spread][14] = median_us<14>(s, flush, flush_bytes, st);
   }
   const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
                          "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping",
-                         "host rows by bulk copy, overlapping"};
+                         "host rows by bulk copy, overlapping",
+                         "cp.async .L2::128B, overlapping", "cp.async .L2::256B, overlapping", "cp.async .ca, overlapping",
+                         "bulk L2 prefetch + cp.async"};
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 11; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < 15; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
