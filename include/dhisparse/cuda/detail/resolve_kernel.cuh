@@ -49,11 +49,11 @@
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
-///    rows from host memory into shared memory (an L2 prefetch of each row, issued as soon as the
-///    entry's threads with a miss are few enough, starts their host reads a little sooner),
-///    ranks the misses and rewrites the LRU order while they are in flight, then stores each
-///    distinct row at its hot way. No cross-CTA publication
-///    and no fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
+///    rows from host memory into shared memory through L1 (`cp.async.ca`; an L2 prefetch of each
+///    row, issued as soon as the entry's threads with a miss are few enough, starts their host
+///    reads a little sooner), ranks the misses and rewrites the LRU order while they are in
+///    flight, then stores each distinct row at its hot way. No cross-CTA publication and no
+///    fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
 ///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
 ///
 /// Deadlock freedom: metadata never waits. With C <= grid the entries belong to CTAs 0..C-1 and
@@ -682,7 +682,8 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
   // barriers from now: start its rows' host reads into L2 here, so the copy's cp.async finds them
   // on their way (C = 128 at ~0 misses on the H200: the rows land 1.4 us sooner). The threads
   // with a miss bound the missing entries from below, so this never prefetches more than
-  // self_copy_units rows x layers.
+  // self_copy_units rows x layers. The count is also the barrier that makes classification's
+  // shared flags (bad_key, err_code, ...) visible to the status check below: never skip it.
   const int missing_threads = __syncthreads_count(missing != 0u);
   if (missing != 0u && static_cast<unsigned>(missing_threads) * p.layers_to_copy <= p.self_copy_units) {
     const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
