@@ -41,6 +41,11 @@
 // (7.4 µs for the step's 256 rows; 1.8 µs at C = 1). Bulk copies sit between the two (H200,
 // 2026-11-30, one run, packed / spread, µs): C = 1 overlap 7.49 / 7.71, async 9.02 / 9.25, bulk
 // 8.16 / 8.19; C = 128 overlap 14.98 / 15.01, async 22.18 / 22.14, bulk 20.67 / 20.58.
+// It is cp.async's .cg form (what __pipeline_memcpy_async emits for 16 bytes) that is slow
+// (H200, 2026-11-30, one run, packed / spread, µs): C = 1 .cg 8.99 / 9.18, .L2::128B hint 8.99 /
+// 9.18, .L2::256B hint 9.02 / 9.18, .ca 8.70 / 8.86, bulk L2 prefetch then .cg 9.02 / 9.18;
+// C = 128 .cg 22.59 / 22.62, .L2::128B 22.66 / 23.07, .L2::256B 22.94 / 23.55, .ca 16.70 /
+// 16.86, bulk prefetch then .cg 22.91 / 23.49 (overlap, i.e. plain loads, 14.85 / 14.78).
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 //   ./small_step_floor [C, default 1]
