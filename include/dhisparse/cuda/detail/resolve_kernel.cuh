@@ -474,13 +474,13 @@ __device__ __forceinline__ void prefetch_host_row([[maybe_unused]] const std::by
 /// Copies 16 bytes from global to shared memory asynchronously (completed by the thread's next
 /// cp.async wait), through L1: `cp.async.ca`. The library's pipeline copies take `.cg` for 16 bytes,
 /// which reads mapped host memory much more slowly (small_step_floor: 128 CTAs' two host rows each,
-/// 16.7 against 22.6 us on the H200). Before SM 80: a plain copy.
+/// 16.7 against 22.6 us on the H200). L1 is safe for the host store: no launch writes it, as for
+/// the copy warps' __ldg. Before SM 80: a plain copy.
 __device__ __forceinline__ void copy_16_async_through_l1(void* shared_dst, const void* global_src) {
   NV_IF_ELSE_TARGET(
       NV_PROVIDES_SM_80,
-      (asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(shared_dst))),
-                    "l"(global_src)
-                    : "memory");),
+      (const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+       asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");),
       (*static_cast<int4*>(shared_dst) = *static_cast<const int4*>(global_src);))
 }
 
