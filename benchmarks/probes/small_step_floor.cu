@@ -191,13 +191,12 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     scan_t(scan).ExclusiveSum(mine, before);
     for (int k = 0; k < kWaysPerThread; ++k) s.order[(tid * kWaysPerThread + k + before) % kHot] = od[k];
   }
-  if (Stage == 9 || Stage >= 11) {
-    __pipeline_wait_prior(0);
-    if (warp < 2)
-      for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
-  }
-  if (Stage == 10) {
-    while (!cuda::ptx::mbarrier_try_wait_parity(&bulk_done, 0u)) {
+  if (Stage >= 9) {  // the rows fetched into shared memory, once landed, to the pool
+    if (Stage == 10) {
+      while (!cuda::ptx::mbarrier_try_wait_parity(&bulk_done, 0u)) {
+      }
+    } else {
+      __pipeline_wait_prior(0);
     }
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
