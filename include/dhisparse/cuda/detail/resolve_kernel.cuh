@@ -139,6 +139,11 @@ struct resolve_traits {
 
   using order_t = std::conditional_t<(HotRows <= 65536), std::uint16_t, std::uint32_t>;  ///< as lru_hot_cache
   using scan_t = cub::BlockScan<int, Block>;
+  /// One scan of two counts packed in a word: an entry's missing entries (at most top_k) in the
+  /// low miss_count_bits, its non-hit LRU positions (at most B) above them.
+  using count_pair_scan_t = cub::BlockScan<unsigned, Block>;
+  static constexpr int miss_count_bits = log2_ceil(TopK + 1);
+  static_assert(miss_count_bits + log2_ceil(HotRows + 1) <= 32, "dhisparse: the two counts must share 32 bits");
   using warp_scan_t = cub::WarpScan<unsigned>;  ///< the copy phase's prefix of copy units, in warp 0
   /// Bits of the rank bitmap: the sort buffers' bytes, reused (misses spanning fewer rows are
   /// ranked without sorting).
@@ -161,7 +166,10 @@ struct resolve_traits {
     int victim[TopK];     ///< hot way taken by the r-th distinct missing row
     std::uint64_t self_src[self_copy_max_units];  ///< self copy: host offset of missing entry j
     location self_dst[self_copy_max_units];       ///< self copy: its destination, no_location for a repeat
-    typename scan_t::TempStorage scan;
+    union {
+      typename scan_t::TempStorage scan;
+      typename count_pair_scan_t::TempStorage count_pair_scan;
+    };
     typename warp_scan_t::TempStorage warp_scan;
     alignas(16) row_index hot[HotRows];                          ///< the slot's hot_row, staged in round trip 2
     alignas(16) order_t ord[HotRows];                            ///< the slot's LRU order, staged likewise
@@ -672,6 +680,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
         else if (way[k] != no_way<OrderIndex>) {
           loc[k] = space.hot(static_cast<std::size_t>(slot), way[k]);
           hit |= 1u << k;
+          sh.is_hit[way[k]] = 1;  // read after the next barrier: the LRU order's non-hit positions
         } else {
           missing |= 1u << k;
         }
@@ -740,10 +749,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
       const int i = tid + k * Block;
       if (i < len) {
         if (e[k] != no_row) ++n_sel;
-        if ((hit >> k) & 1u) {
-          sh.is_hit[way[k]] = 1;
-          ++n_hot;
-        }
+        if ((hit >> k) & 1u) ++n_hot;
         if (!((missing >> k) & 1u)) {
           out[i] = loc[k];
           if (e[k] != no_row && !((hit >> k) & 1u)) ++n_dir;
@@ -766,6 +772,8 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
 
   // Missing entries (with repeats): their ordinals (scan), count and row span.
   int ordinal = 0, raw = 0;  // raw is uniform: the aggregate reaches every thread
+  unsigned non_hit = 0;            // bit k: order position tid * WPT + k holds no selected row
+  int non_hit_before = 0, non_hits = 0;  // non-hit positions before this thread's first; in all
   {
     int lo = INT_MAX, hi = INT_MIN;
 #pragma unroll
@@ -780,7 +788,24 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
       atomicMin(&sh.miss_lo, lo);
       atomicMax(&sh.miss_hi, hi);
     }
-    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(missing)), ordinal, raw);
+    // Scanned with them: the non-hit positions among this thread's part of the slot's LRU order
+    // (every hit's flag was set before the count's barrier), for the LRU partition below.
+#pragma unroll
+    for (int k = 0; k < WPT; ++k) {
+      const int q = tid * WPT + k;
+      if (q < B && !sh.is_hit[sh.ord[q]]) non_hit |= 1u << k;
+    }
+    // Both counts in one word, the non-hit positions above the missing entries' bits: neither
+    // field's total can carry into the other.
+    constexpr int shift = Traits::miss_count_bits;
+    constexpr unsigned low = (1u << shift) - 1u;
+    const unsigned counts = (static_cast<unsigned>(__popc(non_hit)) << shift) | static_cast<unsigned>(__popc(missing));
+    unsigned before = 0, total = 0;
+    typename Traits::count_pair_scan_t(sh.count_pair_scan).ExclusiveSum(counts, before, total);
+    ordinal = static_cast<int>(before & low);
+    raw = static_cast<int>(total & low);
+    non_hit_before = static_cast<int>(before >> shift);
+    non_hits = static_cast<int>(total >> shift);
   }
   plan_entry* const plan = ws.plan + static_cast<std::size_t>(t) * K;
   plan_entry* const early_plan = ws.early_plan + static_cast<std::size_t>(t) * K;
@@ -891,14 +916,10 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
       const int q = tid * WPT + k;
       od[k] = q < B ? static_cast<OrderIndex>(sh.ord[q]) : OrderIndex(0);
     }
-    unsigned nh = 0;  // bit k: order position tid * WPT + k holds no selected row
-#pragma unroll
-    for (int k = 0; k < WPT; ++k) {
-      const int q = tid * WPT + k;
-      if (q < B && !sh.is_hit[od[k]]) nh |= 1u << k;
-    }
-    int rank = 0, NH = 0;  // non-hit positions before this thread's first
-    typename Traits::scan_t(sh.scan).ExclusiveSum(static_cast<int>(__popc(nh)), rank, NH);
+    const unsigned nh = non_hit;
+    int rank = non_hit_before;
+    const int NH = non_hits;
+    __syncthreads();  // every thread read its old positions before any is rewritten
     DHISPARSE_RESOLVE_MARK(12);
     const int H = B - NH;
     const int kept = NH - M;
@@ -926,7 +947,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
           at = kept + (q - rank);  // hits before q = q - (non-hits before q)
         }
         // The new order is built in shared memory (every thread read its old positions before the
-        // scan's barrier) and written back whole: scattered 2-byte stores to HBM crawl while host
+        // barrier above) and written back whole: scattered 2-byte stores to HBM crawl while host
         // reads are in flight.
         sh.ord[at] = static_cast<typename Traits::order_t>(w);
       }
