@@ -1020,7 +1020,19 @@ template <class Traits, class OrderIndex>
 __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* prefix, const source_view<OrderIndex>& src,
                                const workspace_view& ws, unsigned C, unsigned epoch, const resolve_params& p) {
   constexpr int Block = Traits::block_threads;
+  constexpr unsigned warps = Block / 32;
+  constexpr unsigned RM = Traits::max_rows_per_warp;
   const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+  const bool early = C <= p.early_copy_max_batch;
+  const unsigned want_warps = early ? p.early_copy_warps : p.copy_warps;
+  const unsigned want_rows = early ? p.early_rows_per_warp : p.rows_per_warp;
+  const unsigned copy_warps = want_warps == 0 || want_warps > warps ? warps : want_warps;
+  const unsigned R = want_rows == 0 || want_rows > RM ? RM : want_rows;
+  // An early-copy warp claims its first group before it waits for the entries' counts, so the
+  // claim's round trip overlaps the wait instead of following it. A claim past the total is
+  // dropped like any other; the cursor is reset with the launch's other counters.
+  unsigned first_claim = 0;
+  if (early && warp < copy_warps && lane == 0) first_claim = atomicAdd(&ws.control->copy_cursor, R);
 
   // Wait until every entry of this launch has published its copies' sources and count (every
   // entry's metadata runs on a CTA that is already resident, so this terminates), and build the
@@ -1044,14 +1056,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   DHISPARSE_RESOLVE_MARK(10);
   if (total == 0) return;
 
-  constexpr unsigned warps = Block / 32;
-  constexpr unsigned RM = Traits::max_rows_per_warp;
-  const bool early = C <= p.early_copy_max_batch;
-  const unsigned want_warps = early ? p.early_copy_warps : p.copy_warps;
-  const unsigned want_rows = early ? p.early_rows_per_warp : p.rows_per_warp;
-  const unsigned copy_warps = want_warps == 0 || want_warps > warps ? warps : want_warps;
   if (warp >= copy_warps) return;
-  const unsigned R = want_rows == 0 || want_rows > RM ? RM : want_rows;
   const unsigned vecs = src.row_bytes / 16u;
   const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;
   const unsigned layers = p.layers_to_copy;
@@ -1128,13 +1133,13 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   if (early) {
     // Small batches: warps claim groups from a counter, so the CTAs still busy with an entry's
     // metadata (they arrive last) do not hold back a share of the copies.
+    unsigned u0 = __shfl_sync(0xffffffffu, first_claim, 0);
     for (;;) {
-      unsigned u0 = 0;
-      if (lane == 0) u0 = atomicAdd(&ws.control->copy_cursor, R);
-      u0 = __shfl_sync(0xffffffffu, u0, 0);
       if (u0 >= total) break;
       // The cursor only grows during a launch: once it reached `total`, a claim would fail.
       if (copy_group(u0) >= total) break;
+      if (lane == 0) u0 = atomicAdd(&ws.control->copy_cursor, R);
+      u0 = __shfl_sync(0xffffffffu, u0, 0);
     }
   } else {
     // Large batches: a CTA's warps take consecutive groups, so each SM reads neighbouring rows of
