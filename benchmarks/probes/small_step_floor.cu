@@ -17,6 +17,11 @@
 //              staged into shared memory
 //   no rmap    the resolver's round trip 2 without the reverse map (what hit detection from the
 //              staged hot rows would load)
+//   sorted     the resolver's round trip 2 with hit detection from a sorted index of the slot's
+//              hot rows instead of the reverse map: the index (rows ascending, 16 KiB, and their
+//              ways, 8 KiB) staged whole beside the LRU order, then a binary search in shared
+//              memory per entry (what an index kept sorted by every writer of the hot state would
+//              cost the resolver's lookups; keeping it sorted is not measured; not yet run)
 // Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
 // spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
 // LRU order and pool each in its own region of a large allocation, so each dependent load after
@@ -55,10 +60,12 @@
 #include <cuda/ptx>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "probe_timing.cuh"
@@ -79,6 +86,8 @@ struct state {
   int4* pool;                  // device rows
   const int* optional_map;     // [kPages]
   const int* hot_rows;         // [kHot]
+  const int* sorted_rows;      // [kHot] the slot's hot rows ascending, INT_MAX past the last
+  const unsigned short* sorted_ways;  // [kHot] the way of each sorted row
 };
 
 // One 16-byte cp.async of a host row into shared memory: stage 9 and 14 as the resolver issues it
@@ -100,7 +109,8 @@ __device__ __forceinline__ void async_row_copy(int4* dst, const int4* src) {
 // 0 index, 1 lookups, 2 lru, 3 copies, 4 lookups + copies (no LRU), 5 copies overlapping the LRU
 // scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map,
 // 9 as 5 with the host rows by cp.async, 10 as 5 by bulk copy, 11-13 as 9 with cp.async's L2
-// fetch-size hints (128 B, 256 B) or L1 allocation, 14 as 9 after a bulk L2 prefetch of each row
+// fetch-size hints (128 B, 256 B) or L1 allocation, 14 as 9 after a bulk L2 prefetch of each row,
+// 15 as 7 with a binary search of a staged sorted hot-row index instead of the reverse map
 template <int Stage>
 __global__ void __launch_bounds__(kBlock) step(state s) {
   using scan_t = cub::BlockScan<int, kBlock>;
@@ -117,6 +127,8 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   s.rmap += static_cast<std::size_t>(slot) * kRows;
   s.order += static_cast<std::size_t>(slot) * kHot;
   s.hot_rows += static_cast<std::size_t>(slot) * kHot;
+  s.sorted_rows += static_cast<std::size_t>(slot) * kHot;
+  s.sorted_ways += static_cast<std::size_t>(slot) * kHot;
   s.pool += static_cast<std::size_t>(slot) * 2 * (kRowBytes / 16);
   int e[kPerThread], loc[kPerThread];
   for (int k = 0; k < kPerThread; ++k) e[k] = __ldcg(s.selection + slot * kTopK + tid + k * kBlock);
@@ -137,6 +149,27 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     for (int k = 0; k < kPerThread; ++k)
       loc[k] = Stage == 6 ? page[k] : way[k] != 0xFFFFu ? static_cast<int>(way[k]) : opt[k] >= 0 ? opt[k] : page[k] + hot_stage[(tid + k) % kHot] +
                                                                                      order_stage[(tid + 3 * k) % kHot];
+  } else if (Stage == 15) {
+    __shared__ alignas(16) unsigned short sorted_way_stage[kHot];
+    int page[kPerThread], opt[kPerThread];
+    for (int k = 0; k < kPerThread; ++k) {
+      page[k] = __ldcg(s.page_table + e[k] / kPageRows);
+      opt[k] = __ldcg(s.optional_map + e[k] / kPageRows);
+    }
+    reinterpret_cast<int4*>(hot_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.sorted_rows) + tid);
+    if (tid < kHot / 8) {
+      reinterpret_cast<int4*>(order_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.order) + tid);
+      reinterpret_cast<int4*>(sorted_way_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.sorted_ways) + tid);
+    }
+    __syncthreads();
+    for (int k = 0; k < kPerThread; ++k) {
+      int at = 0;  // lower bound of e[k] among the sorted rows (kHot a power of two)
+#pragma unroll
+      for (int half = kHot / 2; half > 0; half /= 2)
+        if (hot_stage[at + half - 1] < e[k]) at += half;
+      const bool hit = hot_stage[at] == e[k];
+      loc[k] = hit ? static_cast<int>(sorted_way_stage[at]) : opt[k] >= 0 ? opt[k] : page[k] + order_stage[(tid + 3 * k) % kHot];
+    }
   } else if (Stage >= 1) {
     for (int k = 0; k < kPerThread; ++k) {
       const int page = __ldcg(s.page_table + e[k] / kPageRows);
@@ -170,7 +203,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, &async_rows[tid][0],
                                s.host + static_cast<size_t>(miss_rows[tid]) * (kRowBytes / 16), kRowBytes, &bulk_done);
   }
-  if (Stage == 9 || Stage >= 11) {  // as stage 5, through cp.async into shared memory
+  if (Stage == 9 || (Stage >= 11 && Stage <= 14)) {  // as stage 5, through cp.async into shared memory
     pick_missing_rows();
     if (Stage == 14 && tid < 2)  // the resolver's way: a bulk L2 prefetch of each row first
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(s.host + static_cast<size_t>(miss_rows[tid]) * (kRowBytes / 16)),
@@ -180,7 +213,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
         async_row_copy<Stage>(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v);
     __pipeline_commit();
   }
-  if ((Stage >= 2 && Stage != 4 && Stage < 6) || Stage >= 9) {
+  if ((Stage >= 2 && Stage != 4 && Stage < 6) || (Stage >= 9 && Stage <= 14)) {
     unsigned short od[kWaysPerThread];
     int mine = 0;
     for (int k = 0; k < kWaysPerThread; ++k) {
@@ -191,7 +224,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     scan_t(scan).ExclusiveSum(mine, before);
     for (int k = 0; k < kWaysPerThread; ++k) s.order[(tid * kWaysPerThread + k + before) % kHot] = od[k];
   }
-  if (Stage >= 9) {  // the rows fetched into shared memory, once landed, to the pool
+  if (Stage >= 9 && Stage <= 14) {  // the rows fetched into shared memory, once landed, to the pool
     if (Stage == 10) {
       while (!cuda::ptx::mbarrier_try_wait_parity(&bulk_done, 0u)) {
       }
@@ -240,11 +273,24 @@ int main(int argc, char** argv) {
   std::vector<int> hot(C * kHot);
   for (size_t b = 0; b < C; ++b)
     for (int i = 0; i < kHot; ++i) hot[b * kHot + i] = i < kHot / 2 ? sel[b * kTopK + i % kTopK] : -1;  // some rows
+  // The sorted index of what the reverse map holds: every row with a way, ascending.
+  std::vector<int> sorted_rows(C * kHot, INT_MAX);
+  std::vector<unsigned short> sorted_ways(C * kHot, 0xFFFF);
+  for (size_t b = 0; b < C; ++b) {
+    std::vector<std::pair<int, unsigned short>> held;
+    for (int r = 0; r < kRows; ++r)
+      if (rmap[b * kRows + r] != 0xFFFF) held.emplace_back(r, rmap[b * kRows + r]);
+    for (size_t i = 0; i < held.size() && i < static_cast<size_t>(kHot); ++i) {
+      sorted_rows[b * kHot + i] = held[i].first;
+      sorted_ways[b * kHot + i] = held[i].second;
+    }
+  }
 
   // Device arrays in one allocation: `gap` bytes between consecutive arrays (each rounded up to 256).
   const size_t sizes[] = {sizeof(int), C * kTopK * sizeof(int), C * kTopK * sizeof(int), pages.size() * sizeof(int),
                           rmap.size() * sizeof(unsigned short), order.size() * sizeof(unsigned short), C * 2 * kRowBytes,
-                          pages.size() * sizeof(int), hot.size() * sizeof(int)};
+                          pages.size() * sizeof(int), hot.size() * sizeof(int), sorted_rows.size() * sizeof(int),
+                          sorted_ways.size() * sizeof(unsigned short)};
   constexpr int kArrays = sizeof(sizes) / sizeof(sizes[0]);
   size_t spread_gap = size_t{16} << 20;  // at least 16 MiB between arrays, and more than the largest
   for (size_t b : sizes) spread_gap = std::max(spread_gap, (b + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20));
@@ -266,7 +312,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][15] = {};
+  float t[2][16] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -282,10 +328,13 @@ int main(int argc, char** argv) {
     DHB_CHECK(cudaMemcpy(at[5], order.data(), order.size() * sizeof(unsigned short), cudaMemcpyHostToDevice));
     DHB_CHECK(cudaMemset(at[7], 0xFF, pages.size() * sizeof(int)));  // no optional page ready
     DHB_CHECK(cudaMemcpy(at[8], hot.data(), hot.size() * sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[9], sorted_rows.data(), sorted_rows.size() * sizeof(int), cudaMemcpyHostToDevice));
+    DHB_CHECK(cudaMemcpy(at[10], sorted_ways.data(), sorted_ways.size() * sizeof(unsigned short), cudaMemcpyHostToDevice));
     const state s{reinterpret_cast<const int*>(at[0]), reinterpret_cast<const int*>(at[1]), reinterpret_cast<int*>(at[2]),
                   reinterpret_cast<const int*>(at[3]), reinterpret_cast<const unsigned short*>(at[4]),
                   reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6]),
-                  reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8])};
+                  reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8]),
+                  reinterpret_cast<const int*>(at[9]), reinterpret_cast<const unsigned short*>(at[10])};
     t[spread][0] = median_us<0>(s, flush, flush_bytes, st);
     t[spread][1] = median_us<1>(s, flush, flush_bytes, st);
     t[spread][2] = median_us<2>(s, flush, flush_bytes, st);
@@ -301,15 +350,16 @@ int main(int argc, char** argv) {
     t[spread][12] = median_us<12>(s, flush, flush_bytes, st);
     t[spread][13] = median_us<13>(s, flush, flush_bytes, st);
     t[spread][14] = median_us<14>(s, flush, flush_bytes, st);
+    t[spread][15] = median_us<15>(s, flush, flush_bytes, st);
   }
   const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
                          "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping",
                          "host rows by bulk copy, overlapping",
                          "cp.async .L2::128B, overlapping", "cp.async .L2::256B, overlapping", "cp.async .ca, overlapping",
-                         "bulk L2 prefetch + cp.async"};
+                         "bulk L2 prefetch + cp.async", "round trip 2, sorted hot index"};
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 15; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < 16; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
