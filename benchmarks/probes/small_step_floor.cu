@@ -21,7 +21,7 @@
 //              hot rows instead of the reverse map: the index (rows ascending, 16 KiB, and their
 //              ways, 8 KiB) staged whole beside the LRU order, then a binary search in shared
 //              memory per entry (what an index kept sorted by every writer of the hot state would
-//              cost the resolver's lookups; keeping it sorted is not measured; not yet run)
+//              cost the resolver's lookups; keeping it sorted is not measured)
 // Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
 // spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
 // LRU order and pool each in its own region of a large allocation, so each dependent load after
@@ -51,6 +51,11 @@
 // 9.18, .L2::256B hint 9.02 / 9.18, .ca 8.70 / 8.86, bulk L2 prefetch then .cg 9.02 / 9.18;
 // C = 128 .cg 22.59 / 22.62, .L2::128B 22.66 / 23.07, .L2::256B 22.94 / 23.55, .ca 16.70 /
 // 16.86, bulk prefetch then .cg 22.91 / 23.49 (overlap, i.e. plain loads, 14.85 / 14.78).
+// The sorted index loses at small batches (H200, 2026-11-30, two runs, packed / spread, µs): C = 1
+// round trip 2 with the reverse map 7.04-7.07 / 7.04-7.07, without it 5.92 / 5.95, with the
+// binary search instead 9.47-9.57 / 9.44-9.54; C = 128 13.47 / 13.63, 8.06-8.10 / 8.26-8.29,
+// 12.54 / 12.70-12.77. Twelve dependent shared-memory loads per entry, at scattered banks, cost
+// one CTA more than the reverse map's one HBM round trip; at C = 128 it saves 1 µs of the 5.4.
 // Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 //   ./small_step_floor [C, default 1]
