@@ -3,6 +3,7 @@
 // steps with new selections, batch members and counts written into the same buffers between
 // replays. A twin hierarchy runs the same steps through the eager path; both must agree on every
 // location, per-entry stats, cache state and pool byte, and the graph must report bad entries.
+// The captured hierarchy launches with and without programmatic dependent launch.
 #include "cuda_test_support.cuh"
 
 namespace {
@@ -57,9 +58,14 @@ TEST_CASE("a captured resolve replays like eager resolves", "[gpu][graph]") {
   // (uncounted entry CTAs) and C = grid, against the eager twin on the whole grid.
   const unsigned ctas = GENERATE(0u, 5u);
   INFO("captured resolver CTAs: " << (ctas == 0 ? std::string("whole grid") : std::to_string(ctas)));
+  // Captured with programmatic dependent launch too: the resolves become programmatic edges (after
+  // the follower copy's kernel, for source 1).
+  const bool programmatic = GENERATE(false, true);
+  INFO("captured with programmatic launch: " << programmatic);
   {
     H a(cfg, sa), b(cfg, sb);
     a.set_resolver_ctas(ctas);
+    a.set_programmatic_launch(programmatic);
     std::mt19937_64 rng(2024);
     std::vector<request_id> ids;
     for (std::size_t r = 0; r < N; ++r) {

@@ -223,6 +223,17 @@ class hierarchy {
   void set_self_copy_units(unsigned units) {
     tuning_.self_copy_units = std::min(units, resolve_traits::self_copy_max_units);
   }
+  /// Launches resolves with programmatic dependent launch (default off; compute capability 9.0
+  /// and up, ignored before): a resolve may begin while the kernel before it in the stream (the
+  /// indexer that writes its selections) finishes, hiding most of its launch latency, and it
+  /// lets a kernel launched after it with programmatic stream serialization (the sparse
+  /// attention) be scheduled as its CTAs retire. The resolver waits for the previous kernel's
+  /// completion before it reads anything, so results are exact whatever that kernel does; a
+  /// kernel launched after it this way must itself wait (`cudaGridDependencySynchronize`) before
+  /// it reads the locations or the rows. Capturable: a captured launch becomes a programmatic
+  /// edge of the graph.
+  void set_programmatic_launch(bool on) { programmatic_launch_ = on; }
+  [[nodiscard]] bool programmatic_launch() const { return programmatic_launch_; }
 
   // ------------------------------------------------------------------ admission
 
@@ -1448,7 +1459,7 @@ class hierarchy {
         (detail::launch_fused_resolve<resolve_traits, order_index>(
             src.view, src.ws, v, p,
             resolver_ctas_ == 0 ? grid_ : std::min(grid_, static_cast<int>(resolver_ctas_)), resolver_shared_bytes(),
-            stream)));
+            stream, programmatic_launch_)));
     if (mode == copy_layers::producer_only)
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
   }
@@ -1507,6 +1518,7 @@ class hierarchy {
   int pageable_access_ = 0;
   resolve_params tuning_{};  ///< the tuning switches above; layers_to_copy is set per launch
   unsigned resolver_ctas_ = 0;
+  bool programmatic_launch_ = false;  // set_programmatic_launch
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)

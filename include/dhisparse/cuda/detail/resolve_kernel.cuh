@@ -1169,6 +1169,13 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
+  // Programmatic dependent launch (launch_fused_resolve with `programmatic`): this grid may start
+  // while the kernel before it in the stream (an indexer writing the selections) still runs, so
+  // nothing global is read before that kernel has completed and its writes are visible. Then
+  // kernels launched after this one with the same attribute may be scheduled as this grid's CTAs
+  // retire: they wait the same way for this grid's completion before they read its output.
+  // Both are no-ops for an ordinary launch.
+  NV_IF_TARGET(NV_PROVIDES_SM_90, (cudaGridDependencySynchronize(); cudaTriggerProgrammaticLaunchCompletion();))
   // When the batch fits the grid (C <= grid), entry t belongs to CTA t (see "Deadlock
   // freedom"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
   // batch count, and uses them only if the batch turns out to fit the grid.
@@ -1304,13 +1311,30 @@ cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity, std::size_t r
 }
 
 /// Launches one fused resolve over `batch` on `stream` (no allocation, no host synchronisation:
-/// safe inside CUDA graph capture).
+/// safe inside CUDA graph capture). With `programmatic`, the launch carries programmatic stream
+/// serialization (compute capability 9.0 and up; ignored before): it may begin while the
+/// previous kernel in the stream finishes, and the kernel waits for that kernel before it
+/// reads anything.
 template <class Traits, class OrderIndex>
 cudaError_t launch_fused_resolve(const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
-                                 const resolve_params& p, int grid, std::size_t shared_bytes, cudaStream_t stream) {
-  fused_resolve_kernel<Traits, OrderIndex>
-      <<<grid, Traits::block_threads, shared_bytes, stream>>>(src, ws, batch, p);
-  return cudaGetLastError();
+                                 const resolve_params& p, int grid, std::size_t shared_bytes, cudaStream_t stream,
+                                 bool programmatic = false) {
+  if (!programmatic) {
+    fused_resolve_kernel<Traits, OrderIndex>
+        <<<grid, Traits::block_threads, shared_bytes, stream>>>(src, ws, batch, p);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(Traits::block_threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, fused_resolve_kernel<Traits, OrderIndex>, src, ws, batch, p);
 }
 
 }  // namespace dhisparse::cuda::detail
