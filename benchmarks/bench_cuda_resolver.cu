@@ -8,6 +8,12 @@
 //   dhisparse            dhisparse::cuda::hierarchy::resolve through the raw batch view
 //   dhisparse_graph      the same resolve captured once in a CUDA graph and replayed
 //                        (only at ~0 misses; informational)
+//   indexer              a stand-in for the engine's indexer: a kernel that copies the step's
+//                        selections into the batch buffer (only at ~0 misses)
+//   dhisparse_after_indexer       indexer, then the resolve of what it wrote (~0 misses)
+//   dhisparse_programmatic        the same with the resolve launched programmatically
+//                        (hierarchy::set_programmatic_launch; ~0 misses); both report
+//                        added_us, the step's time beyond the indexer's alone
 //
 // Sweep: C in {1, 8, 32, 128, 256}, misses {0.1%, 5%, 20%} of k, rows of 576 and 656 bytes,
 // k = 2048, B = 4096, 100K-row histories, one source with one payload layer.
@@ -97,7 +103,23 @@ struct bench_layout {
 };
 static_assert(dhisparse::valid_layout<bench_layout<kRowBytesA>> && dhisparse::valid_layout<bench_layout<kRowBytesB>>);
 
-enum class method { resident, naive_gather, one_cta_per_request, dhisparse, dhisparse_graph };
+enum class method {
+  resident,
+  naive_gather,
+  one_cta_per_request,
+  dhisparse,
+  dhisparse_graph,
+  indexer,
+  dhisparse_after_indexer,
+  dhisparse_programmatic
+};
+/// Methods that run dhisparse's resolver (and share its cache state).
+bool runs_dhisparse(method m) {
+  return m == method::dhisparse || m == method::dhisparse_graph || m == method::dhisparse_after_indexer ||
+         m == method::dhisparse_programmatic;
+}
+/// Methods whose timed step starts with the indexer stand-in.
+bool after_indexer(method m) { return m == method::dhisparse_after_indexer || m == method::dhisparse_programmatic; }
 const char* name_of(method m) {
   switch (m) {
     case method::resident: return "resident";
@@ -105,12 +127,15 @@ const char* name_of(method m) {
     case method::one_cta_per_request: return "one_cta_per_request";
     case method::dhisparse: return "dhisparse";
     case method::dhisparse_graph: return "dhisparse_graph";
+    case method::indexer: return "indexer";
+    case method::dhisparse_after_indexer: return "dhisparse_after_indexer";
+    case method::dhisparse_programmatic: return "dhisparse_programmatic";
   }
   return "?";
 }
 /// Which cache state a method's steps change: two methods on one state cannot share a stream
 /// (the second would find the first one's "fresh" rows cached).
-const char* state_of(method m) { return m == method::dhisparse_graph ? "dhisparse" : name_of(m); }
+const char* state_of(method m) { return runs_dhisparse(m) ? "dhisparse" : name_of(m); }
 
 // --- same-run results, for the ratio counters ----------------------------------------------------
 
@@ -208,7 +233,8 @@ class dh_adapter {
 
   /// Enqueues one resolve of the batch through the raw (graph-capturable) batch_view:
   /// selections [items][kTopK] (strided), locations out in selection order.
-  void resolve(const std::int32_t* sel, std::int32_t* loc) {
+  void resolve(const std::int32_t* sel, std::int32_t* loc, bool programmatic = false) {
+    h_->set_programmatic_launch(programmatic);
     dhisparse::cuda::batch_view v;
     v.slots = slots_.get();
     v.selections = sel;
@@ -441,7 +467,7 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
                            " m=" + std::to_string(m);
   try {
     auto& ph = get_phase<RowBytes>();
-    if ((x == method::dhisparse || x == method::dhisparse_graph) && !ph.has_dh()) {
+    if (runs_dhisparse(x) && !ph.has_dh()) {
       fail(state, what + ": " + ph.dhisparse_error());
       return;
     }
@@ -449,7 +475,7 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
     const cudaStream_t s = ph.cuda_stream();
     const std::uint32_t k = kTopK;
     std::int32_t* loc = ph.locations();
-    if (x == method::dhisparse || x == method::dhisparse_graph) ph.dh().set_batch(st.requests);
+    if (runs_dhisparse(x)) ph.dh().set_batch(st.requests);
     cudaGraphExec_t graph = x == method::dhisparse_graph ? ph.dhisparse_graph(st) : nullptr;
 
     // Everything that must happen before a step's events (graph inputs are copied in place).
@@ -481,6 +507,14 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
         case method::dhisparse_graph:
           DHB_CHECK(cudaGraphLaunch(graph, s));
           break;
+        case method::indexer:
+          launch_indexer_standin(st.sel_step_d(step), ph.fixed_selection(), static_cast<int>(C), static_cast<int>(k), s);
+          break;
+        case method::dhisparse_after_indexer:
+        case method::dhisparse_programmatic:
+          launch_indexer_standin(st.sel_step_d(step), ph.fixed_selection(), static_cast<int>(C), static_cast<int>(k), s);
+          ph.dh().resolve(ph.fixed_selection(), loc, x == method::dhisparse_programmatic);
+          break;
       }
     };
     // Outside timing: the step's output holds exactly the selected rows (and the miss count is right).
@@ -506,8 +540,17 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
                                     static_cast<int>(k), ph.one_cta().buffer(), ph.one_cta().buffer_rows(), RowBytes, s);
           break;
         }
+        case method::indexer: {
+          std::vector<std::int32_t> want(std::size_t(C) * k), have(want.size());
+          DHB_CHECK(cudaMemcpy(want.data(), sel, want.size() * 4, cudaMemcpyDeviceToHost));
+          DHB_CHECK(cudaMemcpy(have.data(), ph.fixed_selection(), have.size() * 4, cudaMemcpyDeviceToHost));
+          r.bad = want == have ? 0 : 1;
+          break;
+        }
         case method::dhisparse:
-        case method::dhisparse_graph: {
+        case method::dhisparse_graph:
+        case method::dhisparse_after_indexer:
+        case method::dhisparse_programmatic: {
           const std::size_t misses = ph.dh().check_last();
           if (misses != std::size_t(C) * m)
             throw std::runtime_error("dhisparse recovered " + std::to_string(misses) + " rows, expected " +
@@ -556,7 +599,7 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
 
     const step_stats ss = summarize(us);
     const double miss_bytes = double(C) * m * RowBytes;
-    const bool copies = x != method::resident;
+    const bool copies = x != method::resident && x != method::indexer;
     const double gbps = copies && ss.median_us > 0 ? miss_bytes / (ss.median_us * 1e3) : 0;
     g_results[{RowBytes, m, C, name_of(x)}] = {ss.median_us, gbps};
 
@@ -579,7 +622,10 @@ void bm_resolve(benchmark::State& state, method x, std::uint32_t C, double rate)
     if (copies && g_memcpy_gbps > 0) c["bw_vs_memcpy"] = gbps / g_memcpy_gbps;
     if (const measured* r = result_of(RowBytes, m, C, method::resident); r && x != method::resident && r->median_us > 0)
       c["vs_resident"] = ss.median_us / r->median_us;
-    if (x == method::dhisparse || x == method::dhisparse_graph) {
+    if (after_indexer(x))
+      if (const measured* r = result_of(RowBytes, m, C, method::indexer); r && r->median_us > 0)
+        c["added_us"] = ss.median_us - r->median_us;  // the resolve's share of indexer + resolve
+    if (runs_dhisparse(x)) {
       if (const measured* r = result_of(RowBytes, m, C, method::one_cta_per_request); r && ss.median_us > 0) {
         c["vs_one_cta"] = ss.median_us / r->median_us;
         c["speedup_vs_one_cta"] = r->median_us / ss.median_us;
@@ -598,7 +644,9 @@ void register_row_size() {
       // one_cta_per_request meets the step's host pages first (dhisparse reads its own host store).
       std::vector<method> methods = {method::resident, method::one_cta_per_request, method::dhisparse,
                                      method::naive_gather};
-      if (misses_for(rate) <= 2) methods.push_back(method::dhisparse_graph);  // latency-bound: launch cost matters
+      if (misses_for(rate) <= 2)  // latency-bound: launch cost matters
+        methods.insert(methods.end(), {method::dhisparse_graph, method::indexer, method::dhisparse_after_indexer,
+                                       method::dhisparse_programmatic});
       for (method x : methods) {
         char name[160];
         std::snprintf(name, sizeof name, "resolve/%s/row_bytes:%d/miss_pct:%g/C:%u", name_of(x), RowBytes, rate * 100, C);

@@ -6,7 +6,8 @@ Usage:
 
 Prints, for docs/benchmarks.md: the pinned-memcpy ceiling, one table per row size (median step
 time of every method, p10-p90 of dhisparse, effective host-recovery bandwidth, ratios against
-the same-run baselines, overhead against resident), the targets with PASS/FAIL, and any
+the same-run baselines, overhead against resident), the resolve after the indexer stand-in
+(plain and programmatic launch), the targets with PASS/FAIL, and any
 configuration that failed (wrong bytes, CUDA error). Ratios are recomputed here from the medians,
 so they do not depend on the counters the binary adds. With --strict the exit status is 1 when a
 target fails or cannot be evaluated, or a configuration reported an error.
@@ -18,7 +19,8 @@ import re
 import statistics
 import sys
 
-METHODS = ["resident", "naive_gather", "one_cta_per_request", "dhisparse", "dhisparse_graph"]
+METHODS = ["resident", "naive_gather", "one_cta_per_request", "dhisparse", "dhisparse_graph", "indexer",
+           "dhisparse_after_indexer", "dhisparse_programmatic"]
 NAME_RE = re.compile(
     r"^resolve/(?P<method>[a-z_]+)/row_bytes:(?P<rb>\d+)/miss_pct:(?P<pct>[0-9.e+-]+)/C:(?P<C>\d+)")
 
@@ -111,15 +113,19 @@ def pct_text(p):
     return f"{p:g}%"
 
 
+def table_head(*columns):
+    """A Markdown table's header row and separator."""
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
 def results_tables(cells, memcpy_gbps):
     out = []
     for rb in sorted({k[0] for k in cells}):
         keys = sorted(k for k in cells if k[0] == rb)
         out.append(f"### Rows of {rb} bytes: median step time (µs)\n")
         out.append("One step = one resolve of the whole batch (CUDA events). dhisparse with its p10–p90 spread.\n")
-        out.append("| misses | C | misses/step | resident | naive_gather | one_cta_per_request | dhisparse (p10–p90) "
-                   "| dhisparse_graph |")
-        out.append("|---|---|---|---|---|---|---|---|")
+        out += table_head("misses", "C", "misses/step", "resident", "naive_gather", "one_cta_per_request",
+                          "dhisparse (p10–p90)", "dhisparse_graph")
         for key in keys:
             _, pct, C = key
             c = cells[key]
@@ -136,10 +142,9 @@ def results_tables(cells, memcpy_gbps):
         out.append("GB/s = missing bytes of the step / median step time. Time ratios are dhisparse / baseline "
                    "(lower is better); *speedup* = one_cta_per_request / dhisparse; *overhead* compares with "
                    "resident (every row in HBM).\n")
-        out.append("| misses | C | dhisparse GB/s | one-CTA GB/s | naive GB/s | dhisparse BW / memcpy "
-                   "| dhisparse / one-CTA | speedup vs one-CTA | dhisparse / naive | overhead: dhisparse / resident "
-                   "| dhisparse − resident (µs) | one-CTA / resident |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        out += table_head("misses", "C", "dhisparse GB/s", "one-CTA GB/s", "naive GB/s", "dhisparse BW / memcpy",
+                          "dhisparse / one-CTA", "speedup vs one-CTA", "dhisparse / naive",
+                          "overhead: dhisparse / resident", "dhisparse − resident (µs)", "one-CTA / resident")
         for key in keys:
             _, pct, C = key
             c = cells[key]
@@ -157,6 +162,33 @@ def results_tables(cells, memcpy_gbps):
                 fmt(None if dh is None or res is None else dh - res),
                 fmt(ratio(t(c, "one_cta_per_request"), res), 2),
             ]
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+    return out
+
+
+def pipeline_tables(cells):
+    """The resolve after the indexer stand-in, launched plainly and programmatically: the step's
+    time beyond the indexer's alone (only configurations that ran the indexer)."""
+    out = []
+    for rb in sorted({k[0] for k in cells}):
+        keys = sorted(k for k in cells if k[0] == rb and t(cells[k], "indexer") is not None)
+        if not keys:
+            continue
+        out.append(f"### Rows of {rb} bytes: the resolve after the indexer (µs)\n")
+        out.append("Indexer = the stand-in kernel that writes the step's selections; the next columns time "
+                   "indexer + resolve, the resolve launched as usual or programmatically "
+                   "(`set_programmatic_launch`); *added* = that time minus the indexer's alone.\n")
+        out += table_head("misses", "C", "indexer", "dhisparse alone", "indexer + dhisparse", "added",
+                          "indexer + dhisparse, programmatic", "added, programmatic")
+        for key in keys:
+            _, pct, C = key
+            c = cells[key]
+            idx = t(c, "indexer")
+            plain, prog = t(c, "dhisparse_after_indexer"), t(c, "dhisparse_programmatic")
+            row = [pct_text(pct), str(C), fmt(idx, 2), fmt(t(c, "dhisparse"), 2), fmt(plain, 2),
+                   fmt(None if plain is None else plain - idx, 2), fmt(prog, 2),
+                   fmt(None if prog is None else prog - idx, 2)]
             out.append("| " + " | ".join(row) + " |")
         out.append("")
     return out
@@ -230,7 +262,7 @@ def targets(cells, memcpy_gbps):
             if ok is not True:
                 all_ok = False
             rows.append(f"| {rb} | {desc} | {measured} | {required} | **{verdict_text(ok, lo, hi, threshold)}** |")
-    lines = ["| row bytes | target | measured | required | verdict |", "|---|---|---|---|---|"] + rows
+    lines = table_head("row bytes", "target", "measured", "required", "verdict") + rows
     return lines, all_ok
 
 
@@ -258,6 +290,7 @@ def main(argv):
     else:
         out += ["Pinned memcpy baseline: missing (bandwidth ratios cannot be computed)", ""]
     out += results_tables(cells, memcpy_gbps)
+    out += pipeline_tables(cells)
     out += ["### Targets", ""]
     tl, ok = targets(cells, memcpy_gbps)
     out += tl + [""]

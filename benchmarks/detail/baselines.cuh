@@ -6,7 +6,9 @@
 ///  * naive_gather:  a flat warp-per-row zero-copy gather of exactly a step's missing rows, in the
 ///                   order the selections emit them, from the pinned history into a device buffer
 ///                   (copy only: no lookup, no cache state, no locations);
-///  * resident:      the whole history in HBM; resolving is `location = request base + row`.
+///  * resident:      the whole history in HBM; resolving is `location = request base + row`;
+///  * indexer:       a stand-in for the kernel that writes a step's selections before the resolve
+///                   (the engine's top-k indexer): copies them into the batch buffer.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -85,6 +87,19 @@ inline void launch_resident(const std::int32_t* sel, std::int32_t* loc, const st
   resident_locations_kernel<<<(vectors + 255) / 256, 256, 0, s>>>(reinterpret_cast<const int4*>(sel),
                                                                    reinterpret_cast<int4*>(loc), req, k / 4, vectors,
                                                                    hist);
+}
+
+/// indexer: dst[i] = src[i] for C * k selection entries, in 16-byte vectors (k % 4 == 0).
+__global__ void __launch_bounds__(256) indexer_standin_kernel(const int4* __restrict__ src, int4* __restrict__ dst,
+                                                              int vectors) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < vectors) dst[i] = src[i];
+}
+
+inline void launch_indexer_standin(const std::int32_t* sel, std::int32_t* batch_sel, int C, int k, cudaStream_t s) {
+  const int vectors = C * k / 4;
+  indexer_standin_kernel<<<(vectors + 255) / 256, 256, 0, s>>>(reinterpret_cast<const int4*>(sel),
+                                                               reinterpret_cast<int4*>(batch_sel), vectors);
 }
 
 }  // namespace dhisparse_bench

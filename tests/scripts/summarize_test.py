@@ -148,5 +148,21 @@ class Targets(unittest.TestCase):
         self.assertIn("0.267", summarize_runs(benchmarks)[1])
 
 
+class Pipeline(unittest.TestCase):
+    def test_added_time_beyond_the_indexer(self):
+        benchmarks = passing_run() + [run("indexer", 0.1, 1, 2.5), run("dhisparse_after_indexer", 0.1, 1, 14.75),
+                                      run("dhisparse_programmatic", 0.1, 1, 12.0)]
+        text = summarize_runs(benchmarks)[1]
+        self.assertIn("the resolve after the indexer", text)
+        rows = [line for line in text.splitlines() if line.startswith("| 0.1% | 1 | 2.50 |")]
+        self.assertEqual(len(rows), 1, text)
+        # indexer, dhisparse alone, indexer + dhisparse, added, programmatic, added programmatic
+        self.assertEqual([c.strip() for c in rows[0].strip("|").split("|")][2:],
+                         ["2.50", "9.00", "14.75", "12.25", "12.00", "9.50"])
+
+    def test_no_table_without_the_indexer(self):
+        self.assertNotIn("the resolve after the indexer", summarize_runs(passing_run())[1])
+
+
 if __name__ == "__main__":
     unittest.main()
