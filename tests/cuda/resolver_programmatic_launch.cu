@@ -69,7 +69,7 @@ TEST_CASE("a programmatically launched resolve reads what the kernel before it w
   const cudaStream_t s = t.dev.stream();
   dhc::device_batch batch(N, K);
   dhc::device_buffer<row_index> staged(N * K);
-  dhc::device_buffer<std::byte> gathered(N * K * 656);
+  dhc::device_buffer<std::byte> gathered(N * K * std::max(Layout::sources[0].row_bytes, Layout::sources[1].row_bytes));
   cudaLaunchAttribute programmatic{};
   programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   programmatic.val.programmaticStreamSerializationAllowed = 1;

@@ -223,8 +223,8 @@ class hierarchy {
   void set_self_copy_units(unsigned units) {
     tuning_.self_copy_units = std::min(units, resolve_traits::self_copy_max_units);
   }
-  /// Launches resolves with programmatic dependent launch (default off; compute capability 9.0
-  /// and up, ignored before): a resolve may begin while the kernel before it in the stream (the
+  /// Launches resolves with programmatic dependent launch (default off; for devices of compute
+  /// capability 9.0 and up): a resolve may begin while the kernel before it in the stream (the
   /// indexer that writes its selections) finishes, hiding most of its launch latency, and it
   /// lets a kernel launched after it with programmatic stream serialization (the sparse
   /// attention) be scheduled as its CTAs retire. The resolver waits for the previous kernel's

@@ -1312,7 +1312,7 @@ cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity, std::size_t r
 
 /// Launches one fused resolve over `batch` on `stream` (no allocation, no host synchronisation:
 /// safe inside CUDA graph capture). With `programmatic`, the launch carries programmatic stream
-/// serialization (compute capability 9.0 and up; ignored before): it may begin while the
+/// serialization (compute capability 9.0 and up): it may begin while the
 /// previous kernel in the stream finishes, and the kernel waits for that kernel before it
 /// reads anything.
 template <class Traits, class OrderIndex>
