@@ -31,6 +31,8 @@ struct workload {
   /// CTAs per resolve (0: the whole persistent grid). Small grids put batches on both sides of
   /// 2C <= grid (entry CTAs that copy nothing and are not counted) and above C = grid.
   unsigned resolver_ctas = 0;
+  /// Resolves and follower copies launched with programmatic dependent launch.
+  bool programmatic = false;
 };
 
 template <class Layout, class Hot>
@@ -42,6 +44,7 @@ void run_differential(const dh::hierarchy_config& cfg, const workload& w, const 
   if (w.copy_warps != 0) tw.dev.set_copy_shape(w.copy_warps, w.rows_per_warp);
   if (w.early_copy_warps != 0) tw.dev.set_early_copy_shape(w.early_copy_warps, w.early_rows_per_warp);
   if (w.resolver_ctas != 0) tw.dev.set_resolver_ctas(w.resolver_ctas);
+  tw.dev.set_programmatic_launch(w.programmatic);
   using T = twin<Layout, Hot>;
   constexpr std::size_t K = Layout::top_k;
   constexpr std::size_t P = Layout::page_rows;

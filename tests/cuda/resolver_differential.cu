@@ -116,3 +116,18 @@ TEST_CASE("cuda resolver matches the host hierarchy: grids smaller than the batc
                                        grid_name.c_str());
   }
 }
+
+// Resolves and follower copies launched with programmatic dependent launch: each waits for the
+// kernel before it (the twin's uploads, the previous resolve, the producer's plan), so nothing changes.
+TEST_CASE("cuda resolver matches the host hierarchy: programmatic launch", "[gpu][differential][programmatic]") {
+  SECTION("tiny layout, B=64, wide tail") {
+    const dh::hierarchy_config cfg{.max_requests = 6, .max_rows = 400, .tail_rows = 12, .optional_pages = 10};
+    run_differential<dh::layouts::tiny, dh::lru_hot_cache<64>>(
+        cfg, {.steps = 1500, .max_batch = 6, .state_every = 7, .seed = 17, .programmatic = true}, "programmatic/tiny/B64");
+  }
+  SECTION("576/656-byte rows, k=256, B=512") {
+    run_differential<layout_576, dh::lru_hot_cache<512>>(
+        rows_576_config, {.steps = 600, .max_batch = 6, .state_every = 10, .seed = 18, .programmatic = true},
+        "programmatic/576/k256/B512");
+  }
+}

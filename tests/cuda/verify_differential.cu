@@ -39,6 +39,7 @@ struct spec_workload {
   std::size_t state_every = 10;
   std::size_t initial_rows = 0;  ///< rows appended on admission (0: random)
   std::uint64_t seed = 1;
+  bool programmatic = false;  ///< every per-step kernel launched with programmatic dependent launch
 };
 
 template <class Layout, class Hot, class Staging = dh::dedicated_staging>
@@ -52,6 +53,7 @@ class spec_run {
   spec_run(const dh::hierarchy_config& cfg, const spec_workload& w, const char* name)
       : tw(cfg, w.seed), w_(w), name_(name), km_(cfg.max_block),
         dsel_(cfg.max_requests * cfg.max_block * K), dloc_(cfg.max_requests * cfg.max_block * K) {
+    tw.dev.set_programmatic_launch(w.programmatic);
     for (std::size_t i = 0; i < cfg.max_requests; ++i) admit_new();
   }
 
@@ -592,6 +594,21 @@ TEST_CASE("cuda verify matches the host hierarchy: packed rows (m = 2 and 4), B=
   const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 400, .tail_rows = 12, .optional_pages = 8, .max_block = 7};
   const spec_workload w{.rounds = 2500, .max_batch = 5, .state_every = 7, .seed = 62};
   spec_run<layout_packed, dh::lru_hot_cache<64>>(cfg, w, "packed/B64/K7").run();
+}
+
+TEST_CASE("cuda verify matches the host hierarchy with every per-step kernel launched programmatically",
+          "[gpu][verify][differential][programmatic]") {
+  require_device();
+  SECTION("packed rows, B=64, 12-row tail, K_max 7 (follower copies after producer-only verifies)") {
+    const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 400, .tail_rows = 12, .optional_pages = 8, .max_block = 7};
+    const spec_workload w{.rounds = 1500, .max_batch = 5, .state_every = 7, .seed = 63, .programmatic = true};
+    spec_run<layout_packed, dh::lru_hot_cache<64>>(cfg, w, "programmatic/packed/B64/K7").run();
+  }
+  SECTION("576/656-byte rows, k=256, B=512, K_max 8") {
+    const dh::hierarchy_config cfg{.max_requests = 5, .max_rows = 4096, .optional_pages = 16, .max_block = 8};
+    const spec_workload w{.rounds = 300, .max_batch = 5, .state_every = 10, .seed = 64, .programmatic = true};
+    spec_run<layout_576, dh::lru_hot_cache<512>>(cfg, w, "programmatic/576/k256/B512/K8").run();
+  }
 }
 
 TEST_CASE("speculative decoding on the GPU leaves the history of plain decoding, bit for bit",

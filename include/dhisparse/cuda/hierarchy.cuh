@@ -223,15 +223,15 @@ class hierarchy {
   void set_self_copy_units(unsigned units) {
     tuning_.self_copy_units = std::min(units, resolve_traits::self_copy_max_units);
   }
-  /// Launches resolves with programmatic dependent launch (default off; for devices of compute
-  /// capability 9.0 and up): a resolve may begin while the kernel before it in the stream (the
-  /// indexer that writes its selections) finishes, hiding most of its launch latency, and it
-  /// lets a kernel launched after it with programmatic stream serialization (the sparse
-  /// attention) be scheduled as its CTAs retire. The resolver waits for the previous kernel's
-  /// completion before it reads anything, so results are exact whatever that kernel does; a
-  /// kernel launched after it this way must itself wait (`cudaGridDependencySynchronize`) before
-  /// it reads the locations or the rows. Capturable: a captured launch becomes a programmatic
-  /// edge of the graph.
+  /// Launches the per-step kernels (resolve, follower copies, verify) with programmatic dependent
+  /// launch (default off; for devices of compute capability 9.0 and up): each may begin while the
+  /// kernel before it in the stream (the indexer that writes the selections, or the step's
+  /// previous kernel) finishes, hiding most of its launch latency, and lets a kernel launched
+  /// after it with programmatic stream serialization (the sparse attention) be scheduled as its
+  /// CTAs retire. Each waits for the previous kernel's completion before it reads anything, so
+  /// results are exact whatever that kernel does; a kernel launched after them this way must
+  /// itself wait (`cudaGridDependencySynchronize`) before it reads the locations or the rows.
+  /// Capturable: a captured launch becomes a programmatic edge of the graph.
   void set_programmatic_launch(bool on) { programmatic_launch_ = on; }
   [[nodiscard]] bool programmatic_launch() const { return programmatic_launch_; }
 
@@ -407,14 +407,15 @@ class hierarchy {
     if (!src.layer_pending[layer]) return;  // nothing planned, or already copied
     if (src.follower_plan_from_verify) {
       DHISPARSE_CUDA_TRY(detail::launch_verify_follower_copy(src.view, src.vws, static_cast<unsigned>(layer),
-                                                             sm_count_ * 4, stream));
+                                                             sm_count_ * 4, stream, programmatic_launch_));
       src.layer_pending[layer] = false;
       if (std::none_of(src.layer_pending.begin(), src.layer_pending.end(), [](bool b) { return b; }))
         src.follower_plan_from_verify = false;
       return;
     }
     DHISPARSE_CUDA_TRY(detail::launch_follower_copy(src.view, src.ws, static_cast<unsigned>(layer),
-                                                    static_cast<unsigned>(top_k), sm_count_ * 2, stream));
+                                                    static_cast<unsigned>(top_k), sm_count_ * 2, stream,
+                                                    programmatic_launch_));
     src.layer_pending[layer] = false;
   }
   void copy_follower(std::size_t source, std::size_t layer) { copy_follower(source, layer, stream_); }
@@ -771,7 +772,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
         src.view, src.vws, v, layers, static_cast<std::uint32_t>(top_k),
         static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
-        stream)));
+        stream, programmatic_launch_)));
     staging_.acquire(source);
     for (std::uint32_t e = 0; e < n; ++e) src.verified[slots[e]] = batch[e].queries.size();
     if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {
@@ -807,7 +808,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY((detail::launch_verify<static_cast<int>(hot_rows), order_index>(
         src.view, src.vws, batch, layers, static_cast<std::uint32_t>(top_k),
         static_cast<int>(std::min<std::size_t>(cfg_.max_requests, static_cast<std::size_t>(sm_count_))), sm_count_ * 4,
-        stream)));
+        stream, programmatic_launch_)));
     staging_.acquire(source);
     src.device_rounds = true;
     if (mode == copy_layers::producer_only && src.layer_pending.size() > 1) {

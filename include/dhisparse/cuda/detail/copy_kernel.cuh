@@ -10,6 +10,7 @@
 
 #include "../views.cuh"
 #include "last_at_or_below.cuh"
+#include "programmatic_launch.cuh"
 #include "resolve_kernel.cuh"
 #include "rows_copied_scan.cuh"
 
@@ -23,6 +24,7 @@ inline constexpr int simple_block_threads = 256;
 template <class OrderIndex>
 __global__ void __launch_bounds__(512)
     follower_copy_kernel(source_view<OrderIndex> src, workspace_view ws, unsigned layer, unsigned top_k) {
+  programmatic_launch_prologue();  // the resolve's plan may still be in flight
   extern __shared__ unsigned dhisparse_follower_prefix[];  // [capacity + 1]
   unsigned* prefix = dhisparse_follower_prefix;
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
@@ -58,10 +60,10 @@ __global__ void __launch_bounds__(512)
 
 template <class OrderIndex>
 cudaError_t launch_follower_copy(const source_view<OrderIndex>& src, const workspace_view& ws, unsigned layer,
-                                 unsigned top_k, int grid, cudaStream_t stream) {
+                                 unsigned top_k, int grid, cudaStream_t stream, bool programmatic = false) {
   const std::size_t smem = (static_cast<std::size_t>(ws.capacity) + 1) * sizeof(unsigned);
-  follower_copy_kernel<OrderIndex><<<grid, 512, smem, stream>>>(src, ws, layer, top_k);
-  return cudaGetLastError();
+  return launch_kernel(follower_copy_kernel<OrderIndex>, dim3(static_cast<unsigned>(grid)), dim3(512), smem, stream,
+                       programmatic, src, ws, layer, top_k);
 }
 
 // --------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@
 #include "../../detail/validate.hpp"
 #include "../views.cuh"
 #include "last_at_or_below.cuh"
+#include "programmatic_launch.cuh"
 
 /// Phase marks for profiling builds: a profiler defines DHISPARSE_RESOLVE_MARK(phase) (for example
 /// to store %globaltimer per CTA, as benchmarks/probes/resolve_phases.cu does) before including
@@ -1169,13 +1170,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
-  // Programmatic dependent launch (launch_fused_resolve with `programmatic`): this grid may start
-  // while the kernel before it in the stream (an indexer writing the selections) still runs, so
-  // nothing global is read before that kernel has completed and its writes are visible. Then
-  // kernels launched after this one with the same attribute may be scheduled as this grid's CTAs
-  // retire: they wait the same way for this grid's completion before they read its output.
-  // Both are no-ops for an ordinary launch.
-  NV_IF_TARGET(NV_PROVIDES_SM_90, (cudaGridDependencySynchronize(); cudaTriggerProgrammaticLaunchCompletion();))
+  programmatic_launch_prologue();  // before any global read: the indexer may still be writing
   // When the batch fits the grid (C <= grid), entry t belongs to CTA t (see "Deadlock
   // freedom"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
   // batch count, and uses them only if the batch turns out to fit the grid.
@@ -1319,22 +1314,8 @@ template <class Traits, class OrderIndex>
 cudaError_t launch_fused_resolve(const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
                                  const resolve_params& p, int grid, std::size_t shared_bytes, cudaStream_t stream,
                                  bool programmatic = false) {
-  if (!programmatic) {
-    fused_resolve_kernel<Traits, OrderIndex>
-        <<<grid, Traits::block_threads, shared_bytes, stream>>>(src, ws, batch, p);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(Traits::block_threads);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, fused_resolve_kernel<Traits, OrderIndex>, src, ws, batch, p);
+  return launch_kernel(fused_resolve_kernel<Traits, OrderIndex>, dim3(static_cast<unsigned>(grid)),
+                       dim3(Traits::block_threads), shared_bytes, stream, programmatic, src, ws, batch, p);
 }
 
 }  // namespace dhisparse::cuda::detail

@@ -34,6 +34,7 @@
 #include "../verify_views.cuh"
 #include "../views.cuh"
 #include "last_at_or_below.cuh"
+#include "programmatic_launch.cuh"
 #include "rows_copied_scan.cuh"
 
 namespace dhisparse::cuda::detail {
@@ -432,6 +433,7 @@ template <int Block, int HotRows, class OrderIndex>
 __global__ void __launch_bounds__(Block)
     verify_metadata_kernel(source_view<OrderIndex> src, verify_workspace_view ws, verify_batch_view batch,
                            std::uint32_t layers_to_copy, std::uint32_t top_k) {
+  programmatic_launch_prologue();  // the engine's indexer may still be writing the queries
   const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
   const unsigned requested = __ldcg(batch.count);
   const unsigned C = requested < cap ? requested : cap;
@@ -458,6 +460,7 @@ template <class OrderIndex>
 __global__ void __launch_bounds__(verify_copy_threads)
     verify_copy_kernel(source_view<OrderIndex> src, verify_workspace_view ws, unsigned layer_begin, unsigned layer_end,
                        int finish) {
+  programmatic_launch_prologue();  // the metadata kernel's plans may still be in flight
   extern __shared__ unsigned dhisparse_verify_prefix[];  // [capacity + 1]
   unsigned* prefix = dhisparse_verify_prefix;
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
@@ -603,24 +606,25 @@ cudaError_t prepare_verify() {
 template <int HotRows, class OrderIndex>
 cudaError_t launch_verify(const source_view<OrderIndex>& src, const verify_workspace_view& ws,
                           const verify_batch_view& batch, std::uint32_t layers_to_copy, std::uint32_t top_k,
-                          int entry_grid, int copy_grid, cudaStream_t stream) {
-  verify_metadata_kernel<verify_block_threads, HotRows, OrderIndex>
-      <<<entry_grid, verify_block_threads, verify_shared_bytes<OrderIndex>(HotRows), stream>>>(src, ws, batch,
-                                                                                               layers_to_copy, top_k);
-  cudaError_t err = cudaGetLastError();
+                          int entry_grid, int copy_grid, cudaStream_t stream, bool programmatic = false) {
+  const cudaError_t err = launch_kernel(verify_metadata_kernel<verify_block_threads, HotRows, OrderIndex>,
+                                        dim3(static_cast<unsigned>(entry_grid)), dim3(verify_block_threads),
+                                        verify_shared_bytes<OrderIndex>(HotRows), stream, programmatic, src, ws, batch,
+                                        layers_to_copy, top_k);
   if (err != cudaSuccess) return err;
   const std::size_t smem = (static_cast<std::size_t>(ws.capacity) + 1) * sizeof(unsigned);
-  verify_copy_kernel<OrderIndex><<<copy_grid, verify_copy_threads, smem, stream>>>(src, ws, 0u, layers_to_copy, 1);
-  return cudaGetLastError();
+  return launch_kernel(verify_copy_kernel<OrderIndex>, dim3(static_cast<unsigned>(copy_grid)), dim3(verify_copy_threads),
+                       smem, stream, programmatic, src, ws, 0u, layers_to_copy, 1);
 }
 
 /// Replays the last verify's plan into payload layer `layer` (follower layers after producer_only).
 template <class OrderIndex>
 cudaError_t launch_verify_follower_copy(const source_view<OrderIndex>& src, const verify_workspace_view& ws,
-                                        unsigned layer, int copy_grid, cudaStream_t stream) {
+                                        unsigned layer, int copy_grid, cudaStream_t stream,
+                                        bool programmatic = false) {
   const std::size_t smem = (static_cast<std::size_t>(ws.capacity) + 1) * sizeof(unsigned);
-  verify_copy_kernel<OrderIndex><<<copy_grid, verify_copy_threads, smem, stream>>>(src, ws, layer, layer + 1, 0);
-  return cudaGetLastError();
+  return launch_kernel(verify_copy_kernel<OrderIndex>, dim3(static_cast<unsigned>(copy_grid)), dim3(verify_copy_threads),
+                       smem, stream, programmatic, src, ws, layer, layer + 1u, 0);
 }
 
 inline unsigned verify_grid_for(std::uint64_t units, int max_grid) {
