@@ -64,9 +64,10 @@ int main() {
 
     // 3. capture one step: a resolve per source, each over its own device batch. An engine whose
     //    indexer kernel runs right before the resolve can call h.set_programmatic_launch(true)
-    //    first: the resolve then overlaps the indexer's tail (it waits for its writes), and its
-    //    attention kernels, launched with programmatic stream serialization and calling
-    //    cudaGridDependencySynchronize() before they read, overlap the resolve's.
+    //    first: the resolve (and the follower copy after it) then overlaps the kernel before it
+    //    (it waits for its writes), and attention kernels launched with programmatic stream
+    //    serialization, calling cudaGridDependencySynchronize() before they read, overlap the
+    //    resolve's tail.
     dhc::device_batch batch0(requests, K), batch1(requests, K);
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t step = nullptr;
