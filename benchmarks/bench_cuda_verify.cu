@@ -6,6 +6,8 @@
 //   verify      dhisparse::cuda::hierarchy::verify over a device descriptor (verify_batch_view, the
 //               graph-capturable call; like the resolves, nothing is uploaded inside the timing)
 //   k_resolves  K x hierarchy::resolve(source, batch_view) of the same selections, back to back
+//   verify_programmatic  verify with hierarchy::set_programmatic_launch(true): its copy kernel may
+//               start while its metadata kernel finishes (vs_verify: its median / verify's)
 //   memory      per-session bytes of ring + staging: the planner against hierarchy::requirements;
 //               GLM-5.3 verification memory with dedicated staging against four shared arenas
 //
@@ -305,33 +307,42 @@ void fail(benchmark::State& state, const std::string& what) {
   state.SkipWithError(what.c_str());
 }
 
-enum class method { verify, k_resolves };
+enum class method { verify, k_resolves, verify_programmatic };
+const char* name_of(method m) {
+  switch (m) {
+    case method::verify: return "verify";
+    case method::k_resolves: return "k_resolves";
+    case method::verify_programmatic: return "verify_programmatic";
+  }
+  return "?";
+}
+bool verifies(method m) { return m != method::k_resolves; }
 
 void bm_round(benchmark::State& state, method x, std::uint32_t K, std::uint32_t C) {
-  const std::string what = std::string(x == method::verify ? "verify" : "k_resolves") + " K=" + std::to_string(K) +
-                           " C=" + std::to_string(C);
+  const std::string what = std::string(name_of(x)) + " K=" + std::to_string(K) + " C=" + std::to_string(C);
   try {
     auto& st = get_setup();
     auto& h = st.h();
+    h.set_programmatic_launch(x == method::verify_programmatic);
     const std::uint32_t q0 = first_request(C);
     st.set_batch(q0, C, K);
     auto enqueue = [&] {
-      if (x == method::verify) st.enqueue_verify();
+      if (verifies(x)) st.enqueue_verify();
       else
         for (std::uint32_t j = 0; j < K; ++j) st.enqueue_resolve(j);
     };
     // Warm-up (the first round fills the hot set), verified.
     setup::round_info info;
     for (std::uint32_t w = 0; w < kWarmupSteps; ++w) {
-      info = st.make_round(q0, C, K, x == method::verify);
+      info = st.make_round(q0, C, K, verifies(x));
       enqueue();
       h.check_errors(st.stream());
     }
     st.check_bytes(what + " after warm-up");
     // The union's host copies (one untimed round with stats after every launch).
     std::size_t copies = 0;
-    info = st.make_round(q0, C, K, x == method::verify);
-    if (x == method::verify) {
+    info = st.make_round(q0, C, K, verifies(x));
+    if (verifies(x)) {
       st.enqueue_verify();
       h.check_errors(st.stream());
       for (const auto& s : h.last_verify_stats(0)) copies += s.rows_copied;
@@ -349,7 +360,7 @@ void bm_round(benchmark::State& state, method x, std::uint32_t K, std::uint32_t 
 
     std::vector<double> us;
     for (auto _ : state) {
-      st.make_round(q0, C, K, x == method::verify);  // fresh misses every step (untimed: manual time)
+      st.make_round(q0, C, K, verifies(x));  // fresh misses every step (untimed: manual time)
       if (g_flush_l2) st.flush_l2();
       const float ms = st.timer().time(st.stream(), enqueue);
       state.SetIterationTime(ms / 1e3);
@@ -360,7 +371,7 @@ void bm_round(benchmark::State& state, method x, std::uint32_t K, std::uint32_t 
 
     const step_stats ss = summarize(us);
     if (x == method::verify) g_verify_us[{K, C}] = ss.median_us;
-    state.SetLabel(x == method::verify ? "verify" : "k_resolves");
+    state.SetLabel(name_of(x));
     auto& c = state.counters;
     c["K"] = K;
     c["C"] = C;
@@ -370,9 +381,9 @@ void bm_round(benchmark::State& state, method x, std::uint32_t K, std::uint32_t 
     c["host_copies"] = static_cast<double>(copies);
     c["copies_per_query_sum"] = static_cast<double>(info.per_query_misses);
     c["copies_saved_by_union"] = static_cast<double>(info.per_query_misses) - static_cast<double>(copies);
-    if (x == method::k_resolves)
+    if (x != method::verify)
       if (auto it = g_verify_us.find({K, C}); it != g_verify_us.end() && it->second > 0)
-        c["k_resolves_per_verify"] = ss.median_us / it->second;
+        c[x == method::k_resolves ? "k_resolves_per_verify" : "vs_verify"] = ss.median_us / it->second;
   } catch (const std::exception& e) {
     fail(state, what + ": " + e.what());
   }
@@ -487,10 +498,10 @@ void parse_own_flags(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   parse_own_flags(argc, argv);
-  // Fresh rows one request needs: every K, both methods, warm-up + copy count + timed rounds.
+  // Fresh rows one request needs: every K, all three methods, warm-up + copy count + timed rounds.
   std::uint64_t fresh = 0;
   for (std::uint32_t K : kBlocks)
-    fresh += 2ull * (kWarmupSteps + 1 + g_timed_steps) * (kSharedMisses + K * (kMissesPerQuery - kSharedMisses));
+    fresh += 3ull * (kWarmupSteps + 1 + g_timed_steps) * (kSharedMisses + K * (kMissesPerQuery - kSharedMisses));
   if (fresh + 2 * kTopK + kTailRows > kHist) {
     std::fprintf(stderr, "bench_cuda_verify: %u timed steps need %llu fresh rows per request, a history has %u\n",
                  g_timed_steps, static_cast<unsigned long long>(fresh), kHist);
@@ -500,9 +511,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("memory/glm53_shared_staging", bm_memory_shared_staging)->Iterations(1);
   for (std::uint32_t K : kBlocks)
     for (std::uint32_t C : kBatches)
-      for (method x : {method::verify, method::k_resolves}) {
-        const std::string name = std::string(x == method::verify ? "verify" : "k_resolves") + "/K:" + std::to_string(K) +
-                                 "/C:" + std::to_string(C);
+      for (method x : {method::verify, method::k_resolves, method::verify_programmatic}) {
+        const std::string name = std::string(name_of(x)) + "/K:" + std::to_string(K) + "/C:" + std::to_string(C);
         benchmark::RegisterBenchmark(name.c_str(), [x, K, C](benchmark::State& s) { bm_round(s, x, K, C); })
             ->UseManualTime()
             ->Iterations(g_timed_steps)
