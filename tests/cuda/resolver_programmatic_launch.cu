@@ -52,10 +52,7 @@ __global__ void gather_selected_rows(const location* locations, std::size_t n, c
 
 TEST_CASE("a programmatically launched resolve reads what the kernel before it wrote", "[gpu][programmatic]") {
   require_device();
-  dh::hierarchy_config cfg;
-  cfg.max_requests = N;
-  cfg.max_rows = 4096;
-  cfg.optional_pages = 16;
+  const dh::hierarchy_config cfg{.max_requests = N, .max_rows = 4096, .optional_pages = 16};
   Twin t(cfg, 0x9D1u);
   t.dev.set_programmatic_launch(true);
   REQUIRE(t.dev.programmatic_launch());

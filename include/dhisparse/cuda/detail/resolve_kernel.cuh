@@ -1306,10 +1306,8 @@ cudaError_t prepare_fused_resolve(int& grid, std::size_t capacity, std::size_t r
 }
 
 /// Launches one fused resolve over `batch` on `stream` (no allocation, no host synchronisation:
-/// safe inside CUDA graph capture). With `programmatic`, the launch carries programmatic stream
-/// serialization (compute capability 9.0 and up): it may begin while the
-/// previous kernel in the stream finishes, and the kernel waits for that kernel before it
-/// reads anything.
+/// safe inside CUDA graph capture), with programmatic stream serialization when `programmatic`
+/// (programmatic_launch.cuh).
 template <class Traits, class OrderIndex>
 cudaError_t launch_fused_resolve(const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
                                  const resolve_params& p, int grid, std::size_t shared_bytes, cudaStream_t stream,
