@@ -22,6 +22,12 @@
 //              ways, 8 KiB) staged whole beside the LRU order, then a binary search in shared
 //              memory per entry (what an index kept sorted by every writer of the hot state would
 //              cost the resolver's lookups; keeping it sorted is not measured)
+//   hash       the resolver's round trip 2 with hit detection from a shared-memory hash of the
+//              selection instead of the reverse map: every entry inserts its row (linear probing,
+//              atomicCAS), every hot way looks its row up and leaves its way there, every entry
+//              reads its slot's way; with two of its parts alone (clear and barriers; + inserts)
+//   full       the resolver's round trip 2, then 2 host rows by plain loads overlapping the LRU
+//              scan: the floor of an exact step on the resolver's own data layout
 // Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
 // spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
 // LRU order and pool each in its own region of a large allocation, so each dependent load after
@@ -56,7 +62,19 @@
 // binary search instead 9.47-9.57 / 9.44-9.54; C = 128 13.47 / 13.63, 8.06-8.10 / 8.26-8.29,
 // 12.54 / 12.70-12.77. Twelve dependent shared-memory loads per entry, at scattered banks, cost
 // one CTA more than the reverse map's one HBM round trip; at C = 128 it saves 1 µs of the 5.4.
-// Not part of the build:
+// The selection hash loses more (H200, 2026-11-30, three runs, packed / spread, µs): C = 1 round
+// trip 2 with it 12.58-12.83 / 12.74-13.06 against the reverse map's 6.98-7.14 / 6.98-7.14;
+// clearing the table with its barriers alone 5.60-5.79 / 5.76-5.79, with the inserts 9.73-9.76 /
+// 9.92-9.98; C = 128 15.23-15.42 / 15.30-15.46 against 13.47-13.66 / 13.63-13.79. At half load
+// a probe sequence averages 1.5 slots but a warp waits for its longest lane (up to 21 slots for
+// these rows), each step a dependent shared-memory atomic or load.
+// The resolver's layout bounds its ~0-miss step (full stage, two runs, packed / spread, µs):
+// C = 1 8.70-8.83 / 8.70-8.83, C = 128 17.54-17.73 / 17.54-17.63. At C = 1 a 10 µs step leaves
+// 1.2 µs beyond it for all this floor omits: classifying tail, ready optional and hot rows,
+// validation, ranking the misses without repeats, statistics, keeping the hot rows and reverse
+// map current, destinations. At C = 128 the floor alone is above 10 µs, and so is the minimal
+// layout's (host loads overlapping the LRU: 14.7).
+// Built with the CUDA benchmarks as probe_small_step_floor (CI compiles it); by hand:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 //   ./small_step_floor [C, default 1]
 #include <cuda_runtime.h>
@@ -115,7 +133,10 @@ __device__ __forceinline__ void async_row_copy(int4* dst, const int4* src) {
 // scan, 6 page table only, 7 the resolver's round trip 2, 8 the same without the reverse map,
 // 9 as 5 with the host rows by cp.async, 10 as 5 by bulk copy, 11-13 as 9 with cp.async's L2
 // fetch-size hints (128 B, 256 B) or L1 allocation, 14 as 9 after a bulk L2 prefetch of each row,
-// 15 as 7 with a binary search of a staged sorted hot-row index instead of the reverse map
+// 15 as 7 with a binary search of a staged sorted hot-row index instead of the reverse map,
+// 16 as 7 with a shared-memory hash of the selection (4096 slots) instead of it, 17 and 18 its
+// parts (the table cleared and the barriers only; + the selection's inserts), 19 the resolver's
+// round trip 2, then the host loads overlapping the LRU scan (stage 5 on the resolver's layout)
 template <int Stage>
 __global__ void __launch_bounds__(kBlock) step(state s) {
   using scan_t = cub::BlockScan<int, kBlock>;
@@ -138,13 +159,13 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   int e[kPerThread], loc[kPerThread];
   for (int k = 0; k < kPerThread; ++k) e[k] = __ldcg(s.selection + slot * kTopK + tid + k * kBlock);
   for (int k = 0; k < kPerThread; ++k) loc[k] = e[k];
-  if (Stage >= 6 && Stage <= 8) {
+  if ((Stage >= 6 && Stage <= 8) || Stage == 19) {
     int page[kPerThread], opt[kPerThread];
     unsigned way[kPerThread];
     for (int k = 0; k < kPerThread; ++k) {
       page[k] = __ldcg(s.page_table + e[k] / kPageRows);
       opt[k] = Stage >= 7 ? __ldcg(s.optional_map + e[k] / kPageRows) : -1;
-      way[k] = Stage == 7 ? __ldcg(s.rmap + e[k]) : 0xFFFFu;
+      way[k] = Stage == 7 || Stage == 19 ? __ldcg(s.rmap + e[k]) : 0xFFFFu;
     }
     if (Stage >= 7) {
       reinterpret_cast<int4*>(hot_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.hot_rows) + tid);
@@ -175,6 +196,56 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
       const bool hit = hot_stage[at] == e[k];
       loc[k] = hit ? static_cast<int>(sorted_way_stage[at]) : opt[k] >= 0 ? opt[k] : page[k] + order_stage[(tid + 3 * k) % kHot];
     }
+  } else if (Stage >= 16) {
+    // Hit detection without the reverse map: the selection's rows go into a shared-memory hash
+    // (linear probing; each entry keeps the slot it took), every hot way looks its row up there
+    // and leaves its way in the row's slot, and each entry reads its slot's way.
+    constexpr int kSlotBits = 12, kSlots = 1 << kSlotBits;
+    __shared__ int hash_key[kSlots];  // the hot rows stay in registers: no hot_stage here
+    __shared__ unsigned short hash_way[kSlots];
+    const auto home = [](int row) { return static_cast<int>((static_cast<unsigned>(row) * 2654435761u) >> (32 - kSlotBits)); };
+    int page[kPerThread], opt[kPerThread];
+    for (int k = 0; k < kPerThread; ++k) {
+      page[k] = __ldcg(s.page_table + e[k] / kPageRows);
+      opt[k] = __ldcg(s.optional_map + e[k] / kPageRows);
+    }
+    const int4 hot4 = __ldcg(reinterpret_cast<const int4*>(s.hot_rows) + tid);  // ways 4 tid .. 4 tid + 3
+    if (tid < kHot / 8) reinterpret_cast<int4*>(order_stage)[tid] = __ldcg(reinterpret_cast<const int4*>(s.order) + tid);
+    for (int j = tid; j < kSlots; j += kBlock) {
+      hash_key[j] = -1;
+      hash_way[j] = 0xFFFFu;
+    }
+    __syncthreads();
+    int at[kPerThread] = {};
+    if constexpr (Stage != 17) {  // 17: the clearing and barriers alone
+      for (int k = 0; k < kPerThread; ++k) {
+        int h = home(e[k]);
+        for (;;) {
+          const int prev = atomicCAS(&hash_key[h], -1, e[k]);
+          if (prev == -1 || prev == e[k]) break;
+          h = (h + 1) & (kSlots - 1);
+        }
+        at[k] = h;
+      }
+    }
+    __syncthreads();
+    if constexpr (Stage == 16) {  // 18: the inserts without the hot ways' lookups
+      const int held[4] = {hot4.x, hot4.y, hot4.z, hot4.w};
+      for (int j = 0; j < 4; ++j) {
+        const int row = held[j];
+        if (row < 0) continue;
+        for (int h = home(row);; h = (h + 1) & (kSlots - 1)) {
+          const int key = hash_key[h];
+          if (key == row) hash_way[h] = static_cast<unsigned short>(4 * tid + j);
+          if (key == row || key == -1) break;
+        }
+      }
+    }
+    __syncthreads();
+    for (int k = 0; k < kPerThread; ++k) {
+      const unsigned way = hash_way[at[k]];
+      loc[k] = way != 0xFFFFu ? static_cast<int>(way) : opt[k] >= 0 ? opt[k] : page[k] + order_stage[(tid + 3 * k) % kHot];
+    }
   } else if (Stage >= 1) {
     for (int k = 0; k < kPerThread; ++k) {
       const int page = __ldcg(s.page_table + e[k] / kPageRows);
@@ -189,7 +260,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     __syncthreads();
   };
   int4 row_buf[2] = {};
-  if (Stage == 5) {  // host loads first: their latency overlaps the LRU scan below
+  if (Stage == 5 || Stage == 19) {  // host loads first: their latency overlaps the LRU scan below
     pick_missing_rows();
     if (warp < 2)
       for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
@@ -218,7 +289,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
         async_row_copy<Stage>(&async_rows[warp][v], s.host + static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v);
     __pipeline_commit();
   }
-  if ((Stage >= 2 && Stage != 4 && Stage < 6) || (Stage >= 9 && Stage <= 14)) {
+  if ((Stage >= 2 && Stage != 4 && Stage < 6) || (Stage >= 9 && Stage <= 14) || Stage == 19) {
     unsigned short od[kWaysPerThread];
     int mine = 0;
     for (int k = 0; k < kWaysPerThread; ++k) {
@@ -239,7 +310,7 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
     if (warp < 2)
       for (int v = lane; v < kRowBytes / 16; v += 32) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = async_rows[warp][v];
   }
-  if (Stage == 5 && warp < 2)
+  if ((Stage == 5 || Stage == 19) && warp < 2)
     for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i) s.pool[static_cast<size_t>(warp) * (kRowBytes / 16) + v] = row_buf[i];
   if (Stage == 3 || Stage == 4) {
     pick_missing_rows();
@@ -253,12 +324,18 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
 }
 
 int g_ctas = 1;  // CTAs (requests) per launch
+constexpr int kStages = 20;
 
 template <int Stage>
 float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
   return probes::median_launch_us(
       st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
       [&](cudaStream_t q) { step<Stage><<<g_ctas, kBlock, 0, q>>>(s); });
+}
+
+template <int... Stage>
+void median_all(float* t, const state& s, void* flush, size_t flush_bytes, cudaStream_t st, std::integer_sequence<int, Stage...>) {
+  ((t[Stage] = median_us<Stage>(s, flush, flush_bytes, st)), ...);  // in stage order
 }
 
 int main(int argc, char** argv) {
@@ -317,7 +394,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][16] = {};
+  float t[2][kStages] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -340,31 +417,18 @@ int main(int argc, char** argv) {
                   reinterpret_cast<unsigned short*>(at[5]), h_dev, reinterpret_cast<int4*>(at[6]),
                   reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8]),
                   reinterpret_cast<const int*>(at[9]), reinterpret_cast<const unsigned short*>(at[10])};
-    t[spread][0] = median_us<0>(s, flush, flush_bytes, st);
-    t[spread][1] = median_us<1>(s, flush, flush_bytes, st);
-    t[spread][2] = median_us<2>(s, flush, flush_bytes, st);
-    t[spread][3] = median_us<3>(s, flush, flush_bytes, st);
-    t[spread][4] = median_us<4>(s, flush, flush_bytes, st);
-    t[spread][5] = median_us<5>(s, flush, flush_bytes, st);
-    t[spread][6] = median_us<6>(s, flush, flush_bytes, st);
-    t[spread][7] = median_us<7>(s, flush, flush_bytes, st);
-    t[spread][8] = median_us<8>(s, flush, flush_bytes, st);
-    t[spread][9] = median_us<9>(s, flush, flush_bytes, st);
-    t[spread][10] = median_us<10>(s, flush, flush_bytes, st);
-    t[spread][11] = median_us<11>(s, flush, flush_bytes, st);
-    t[spread][12] = median_us<12>(s, flush, flush_bytes, st);
-    t[spread][13] = median_us<13>(s, flush, flush_bytes, st);
-    t[spread][14] = median_us<14>(s, flush, flush_bytes, st);
-    t[spread][15] = median_us<15>(s, flush, flush_bytes, st);
+    median_all(t[spread], s, flush, flush_bytes, st, std::make_integer_sequence<int, kStages>{});
   }
-  const char* names[] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
+  const char* names[kStages] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
                          "resolver round trip 2", "round trip 2 without reverse map", "host rows by cp.async, overlapping",
                          "host rows by bulk copy, overlapping",
                          "cp.async .L2::128B, overlapping", "cp.async .L2::256B, overlapping", "cp.async .ca, overlapping",
-                         "bulk L2 prefetch + cp.async", "round trip 2, sorted hot index"};
+                         "bulk L2 prefetch + cp.async", "round trip 2, sorted hot index",
+                         "round trip 2, selection hash", "hash: clear only", "hash: insert only",
+                         "round trip 2 + LRU + host rows"};
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
-  for (int i = 0; i < 16; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  for (int i = 0; i < kStages; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
   return 0;
 }
