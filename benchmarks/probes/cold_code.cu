@@ -19,7 +19,7 @@
 // With one warp per scheduler new code costs about 0.05 µs per KiB, cold or not; at 1024 threads
 // it costs nothing measurable; only ~100 KiB of code evicted from the SMs costs more. The memset
 // that flushes L2 leaves the SMs' instruction caches alone.
-// Not part of the build:
+// Built with the CUDA benchmarks as probe_cold_code (CI compiles it); by hand:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o cold_code benchmarks/probes/cold_code.cu
 #include <cuda_runtime.h>
 

@@ -1,7 +1,8 @@
 // Probe: zero-copy gathers of fresh 576-byte rows from pinned host memory allocated with
 // cudaHostAlloc vs the VMM API (cuMemCreate at a host NUMA location, 2 MiB and 1 GiB granularity),
 // 410 rows per request from 100K-row request windows, address-sorted, flat 132 x 512 grid, with
-// and without an L2-flushing memset before every launch. Not part of the build:
+// and without an L2-flushing memset before every launch. Built with the CUDA benchmarks as
+// probe_host_alloc_gather (CI compiles it); by hand:
 //   nvcc -O3 -arch=sm_90 -o host_alloc_gather benchmarks/probes/host_alloc_gather.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>

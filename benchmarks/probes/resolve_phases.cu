@@ -9,8 +9,9 @@
 // per step were fetched again because their source was read before it landed. First it times an empty
 // kernel of the resolver's launch shape after the same flush (launch and teardown alone).
 // Phase numbers: include/dhisparse/cuda/detail/resolve_kernel.cuh.
-// Not part of the build (the library include directory may point at a variant to compare):
-//   nvcc -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Iinclude -Ibenchmarks \
+// Built with the CUDA benchmarks as probe_resolve_phases (CI compiles it); by hand, with the
+// library include directory pointing at the variant to compare:
+//   nvcc -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -Iinclude -Ibenchmarks
 //        -o resolve_phases benchmarks/probes/resolve_phases.cu
 //   ./resolve_phases [timed steps, default 50] [batch sizes, default 1,8] [self-copy units]
 // (one request per batch entry, 100K rows of history each: C = 128 pins 7.4 GB of host memory)
