@@ -28,6 +28,14 @@
 //              reads its slot's way; with two of its parts alone (clear and barriers; + inserts)
 //   full       the resolver's round trip 2, then 2 host rows by plain loads overlapping the LRU
 //              scan: the floor of an exact step on the resolver's own data layout
+//   cluster    the full stage's lookups, hit flags and LRU scan for one request split over a
+//              thread-block cluster of N CTAs (N SMs), exchanging hit flags and scan counts through
+//              distributed shared memory; beside it the same code on one CTA without a cluster,
+//              empty kernels with and without clusters, and the cluster barriers three ways: as
+//              cooperative groups issues them (arrive.release: a thread's arrive waits for its
+//              loads in flight, the host rows included), relaxed (timing only, not exact), and
+//              exact without that wait (the threads that stored to other CTAs fence before they
+//              issue a host load, or have none in flight; every arrive relaxed)
 // Every stage runs twice: with the device arrays packed into one 2 MiB page of one allocation, and
 // spread 16 MiB apart (as a hierarchy's per-slot arrays are: selection, page table, reverse map,
 // LRU order and pool each in its own region of a large allocation, so each dependent load after
@@ -68,16 +76,28 @@
 // 9.92-9.98; C = 128 15.23-15.42 / 15.30-15.46 against 13.47-13.66 / 13.63-13.79. At half load
 // a probe sequence averages 1.5 slots but a warp waits for its longest lane (up to 21 slots for
 // these rows), each step a dependent shared-memory atomic or load.
-// The resolver's layout bounds its ~0-miss step (full stage, two runs, packed / spread, µs):
-// C = 1 8.70-8.83 / 8.70-8.83, C = 128 17.54-17.73 / 17.54-17.63. At C = 1 a 10 µs step leaves
-// 1.2 µs beyond it for all this floor omits: classifying tail, ready optional and hot rows,
+// The resolver's layout bounds its ~0-miss step (full stage, seven runs, packed / spread, µs):
+// C = 1 8.70-9.09 / 8.70-9.15, C = 128 17.54-17.79 / 17.54-17.82. At C = 1 a 10 µs step leaves
+// about 1 µs beyond it for all this floor omits: classifying tail, ready optional and hot rows,
 // validation, ranking the misses without repeats, statistics, keeping the hot rows and reverse
 // map current, destinations. At C = 128 the floor alone is above 10 µs, and so is the minimal
 // layout's (host loads overlapping the LRU: 14.7).
+// Splitting one request over a cluster (C = 1; H200, 2026-11-30, one run of two invocations, µs,
+// ranges over both and over the packed and spread layouts, which agree within 0.2): the split code
+// on one CTA without a cluster 10.02-10.08 (its real hit flags cost 1.1 µs over the full stage's
+// 8.8-9.0); empty kernels 2.78-2.85, in clusters of 8 2.78-2.88, so a cluster launch costs
+// nothing. With exact barriers that do not wait for the host loads: 1 CTA 10.91-10.98, 4 CTAs
+// 7.33-7.65, 8 CTAs 7.14-7.33. Relaxed (not exact): 1 CTA 10.05-10.08, 8 CTAs 6.46-6.66.
+// Cooperative groups' cluster.sync: 1 CTA 12.13-12.32, 2 CTAs 9.38-9.41, 4 CTAs 8.48-8.67,
+// 8 CTAs 8.26-8.29, and 8.03-8.22 with the host loads moved after the last barrier. So an exact
+// split of one request's dependent work over 8 SMs takes 2.8 µs off this floor (10.0 -> 7.2), as
+// long as no thread's arrive waits for a host load. At C = 128 the probe is no guide: 64
+// registers x 1024 threads fill an SM, so 128 clusters of 4 or 8 CTAs run in waves.
 // Built with the CUDA benchmarks as probe_small_step_floor (CI compiles it); by hand:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -o small_step_floor benchmarks/probes/small_step_floor.cu
 //   ./small_step_floor [C, default 1]
 #include <cuda_runtime.h>
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_pipeline.h>
 #include <cuda/ptx>
@@ -323,6 +343,158 @@ __global__ void __launch_bounds__(kBlock) step(state s) {
   for (int k = 0; k < kPerThread; ++k) s.locations[tid + k * kBlock] = loc[k];
 }
 
+// The full stage's work with each request's entry split over a cluster of N CTAs (N SMs): CTA
+// rank r looks up selection entries [r K/N, (r+1) K/N) and owns LRU positions [r B/N, (r+1) B/N).
+// A hit marks its way in every CTA's shared flags (distributed shared memory), so each CTA counts
+// the non-hit ways of its own positions from real hit flags (the full stage counts stand-in
+// flags); the CTAs' counts are exchanged the same way for the cluster-wide prefix. Rank 0 loads
+// and stores the two host rows, overlapping the scan. N = 0 (step_unclustered) is the same code
+// on one CTA with block barriers and no cluster launch.
+
+// Sets the byte at `local`'s offset in the shared memory of the cluster's CTA `rank` to 1.
+__device__ __forceinline__ void mark_in_cta(unsigned char* local, int rank) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+  asm volatile("st.shared::cluster.u8 [%0], %1;" ::"r"(remote), "h"(static_cast<unsigned short>(1)) : "memory");
+}
+
+// Variant 0: cluster barriers as cooperative groups issues them (arrive.release, wait.acquire);
+// 1: relaxed arrive (timing only: it does not order the shared-memory stores of other CTAs);
+// 2: as 0 with the host loads issued after the last cluster barrier instead of before the scan;
+// 3: exact and without waiting for the host loads: the threads that stored to other CTAs fence
+//    (fence.acq_rel.cluster) before any host load is issued or by threads that issued none, and
+//    every barrier's arrive is relaxed.
+template <int N, int Variant = 0>
+struct cluster_sync_t {  // N = 0: one CTA without a cluster launch, block barriers only
+  __device__ void sync() const {
+    if constexpr (N == 0) {
+      __syncthreads();
+    } else if constexpr (Variant == 1 || Variant == 3) {
+      asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+    } else {
+      cooperative_groups::this_cluster().sync();
+    }
+  }
+  __device__ void fence() const {  // variant 3: orders this thread's stores before its next arrive
+    if constexpr (N > 0 && Variant == 3) asm volatile("fence.acq_rel.cluster;" ::: "memory");
+  }
+  __device__ unsigned block_rank() const {
+    if constexpr (N == 0) return 0;
+    else return cooperative_groups::this_cluster().block_rank();
+  }
+  template <class T>
+  __device__ T* map_shared_rank(T* p, int r) const {
+    if constexpr (N == 0) return p;
+    else return cooperative_groups::this_cluster().map_shared_rank(p, r);
+  }
+};
+
+template <int N, int Variant = 0>
+__device__ __forceinline__ void step_split(state s) {
+  const cluster_sync_t<N, Variant> cluster;
+  constexpr int kN = N > 0 ? N : 1;
+  constexpr int kEntries = kTopK / kN, kPositions = kHot / kN;
+  constexpr int kEPT = (kEntries + kBlock - 1) / kBlock, kPPT = (kPositions + kBlock - 1) / kBlock;
+  using scan_t = cub::BlockScan<int, kBlock>;
+  __shared__ typename scan_t::TempStorage scan;
+  __shared__ alignas(16) unsigned char is_hit[kHot];
+  __shared__ int totals[kN];
+  __shared__ int miss_rows[2];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int slot = __ldcg(s.slot) + static_cast<int>(blockIdx.x) / kN;
+  const std::size_t pages_base = static_cast<std::size_t>(slot) * kPages;
+  const int first = rank * kEntries;
+  int e[kEPT], loc[kEPT], page[kEPT], opt[kEPT];
+  unsigned way[kEPT];
+  if constexpr (Variant == 3) {  // cleared and fenced before any load is in flight
+    for (int j = tid; j < kHot; j += kBlock) is_hit[j] = 0;
+    cluster.fence();
+  }
+  for (int k = 0; k < kEPT; ++k) {
+    const int i = tid + k * kBlock;
+    e[k] = i < kEntries ? __ldcg(s.selection + slot * kTopK + first + i) : -1;
+  }
+  for (int k = 0; k < kEPT; ++k) {
+    page[k] = opt[k] = -1;
+    way[k] = 0xFFFFu;
+    if (e[k] >= 0) {
+      page[k] = __ldcg(s.page_table + pages_base + e[k] / kPageRows);
+      opt[k] = __ldcg(s.optional_map + pages_base + e[k] / kPageRows);
+      way[k] = __ldcg(s.rmap + static_cast<std::size_t>(slot) * kRows + e[k]);
+    }
+  }
+  unsigned short od[kPPT];
+  for (int j = 0; j < kPPT; ++j) {
+    const int q = tid * kPPT + j;
+    od[j] = q < kPositions ? __ldcg(s.order + static_cast<std::size_t>(slot) * kHot + rank * kPositions + q) : 0;
+  }
+  if constexpr (Variant != 3)
+    for (int j = tid; j < kHot; j += kBlock) is_hit[j] = 0;
+  cluster.sync();  // every CTA's flags cleared before any is marked
+  for (int k = 0; k < kEPT; ++k) {
+    loc[k] = e[k];
+    if (e[k] < 0) continue;
+    if (way[k] != 0xFFFFu) {
+      loc[k] = static_cast<int>(way[k]);
+      is_hit[way[k]] = 1;
+      for (int r = 0; r < kN; ++r)
+        if (r != rank) mark_in_cta(&is_hit[way[k]], r);
+    } else {
+      loc[k] = opt[k] >= 0 ? opt[k] : page[k];
+    }
+  }
+  cluster.fence();  // the marks, before this thread issues a host load
+  int4 row_buf[2] = {};
+  const auto load_host_rows = [&] {
+    if (tid < 2) miss_rows[tid] = slot * kRows + loc[0] % kRows;
+    __syncthreads();
+    if (warp < 2)
+      for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
+        row_buf[i] = s.host[static_cast<size_t>(miss_rows[warp]) * (kRowBytes / 16) + v];
+  };
+  if (Variant != 2 && rank == 0) load_host_rows();  // loaded before the scan, stored after it
+  cluster.sync();  // every hit marked everywhere
+  int mine = 0;
+  for (int j = 0; j < kPPT; ++j) mine += tid * kPPT + j < kPositions && !is_hit[od[j]];
+  int before = 0, total = 0;
+  scan_t(scan).ExclusiveSum(mine, before, total);
+  if (tid >= 64 && tid < 64 + kN) {  // warp 2: no host loads in flight to wait for at its fence
+    *cluster.map_shared_rank(&totals[rank], tid - 64) = total;
+    cluster.fence();
+  }
+  cluster.sync();  // every CTA's count everywhere; no shared memory of another CTA is touched after this
+  if (Variant == 2 && rank == 0) load_host_rows();
+  int offset = 0;
+  for (int r = 0; r < rank; ++r) offset += totals[r];
+  for (int j = 0; j < kPPT; ++j) {
+    const int q = tid * kPPT + j;
+    if (q < kPositions)
+      s.order[static_cast<std::size_t>(slot) * kHot + (rank * kPositions + q + offset + before) % kHot] = od[j];
+  }
+  if (rank == 0 && warp < 2)
+    for (int v = lane, i = 0; v < kRowBytes / 16; v += 32, ++i)
+      s.pool[static_cast<size_t>(slot) * 2 * (kRowBytes / 16) + static_cast<size_t>(warp) * (kRowBytes / 16) + v] = row_buf[i];
+  for (int k = 0; k < kEPT; ++k)
+    if (tid + k * kBlock < kEntries) s.locations[static_cast<std::size_t>(slot) * kTopK + first + tid + k * kBlock] = loc[k];
+}
+
+template <int N, int Variant = 0>
+__global__ void __cluster_dims__(N, 1, 1) __launch_bounds__(kBlock) step_cluster(state s) {
+  step_split<N, Variant>(s);
+}
+
+__global__ void __launch_bounds__(kBlock) step_unclustered(state s) { step_split<0>(s); }
+
+// Launch and teardown alone: an empty kernel of the probe's block size, plain or in clusters of N.
+template <int N>
+__global__ void __cluster_dims__(N, 1, 1) __launch_bounds__(kBlock) empty_cluster() {}
+__global__ void __launch_bounds__(kBlock) empty_plain() {}
+
+// A cluster launch of one CTA running the unclustered code (block barriers only).
+__global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(kBlock) step_cluster_launch_only(state s) { step_split<0>(s); }
+
 int g_ctas = 1;  // CTAs (requests) per launch
 constexpr int kStages = 20;
 
@@ -331,6 +503,21 @@ float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st
   return probes::median_launch_us(
       st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
       [&](cudaStream_t q) { step<Stage><<<g_ctas, kBlock, 0, q>>>(s); });
+}
+
+template <int N>  // N = 0: step_unclustered, -1: step_cluster_launch_only, -2 / -3: empty kernels,
+                  // 10 V + n: clusters of n, variant V
+float median_cluster_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
+  return probes::median_launch_us(
+      st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
+      [&](cudaStream_t q) {
+        if constexpr (N == 0) step_unclustered<<<g_ctas, kBlock, 0, q>>>(s);
+        else if constexpr (N == -1) step_cluster_launch_only<<<g_ctas, kBlock, 0, q>>>(s);
+        else if constexpr (N == -2) empty_plain<<<g_ctas, kBlock, 0, q>>>();
+        else if constexpr (N == -3) empty_cluster<8><<<g_ctas * 8, kBlock, 0, q>>>();
+        else if constexpr (N >= 10) step_cluster<N % 10, N / 10><<<g_ctas * (N % 10), kBlock, 0, q>>>(s);
+        else step_cluster<N><<<g_ctas * N, kBlock, 0, q>>>(s);
+      });
 }
 
 template <int... Stage>
@@ -394,7 +581,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][kStages] = {};
+  float t[2][kStages] = {}, tc[2][15] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -418,6 +605,21 @@ int main(int argc, char** argv) {
                   reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8]),
                   reinterpret_cast<const int*>(at[9]), reinterpret_cast<const unsigned short*>(at[10])};
     median_all(t[spread], s, flush, flush_bytes, st, std::make_integer_sequence<int, kStages>{});
+    tc[spread][0] = median_cluster_us<1>(s, flush, flush_bytes, st);
+    tc[spread][1] = median_cluster_us<2>(s, flush, flush_bytes, st);
+    tc[spread][2] = median_cluster_us<4>(s, flush, flush_bytes, st);
+    tc[spread][3] = median_cluster_us<8>(s, flush, flush_bytes, st);
+    tc[spread][4] = median_cluster_us<0>(s, flush, flush_bytes, st);
+    tc[spread][5] = median_cluster_us<-1>(s, flush, flush_bytes, st);
+    tc[spread][6] = median_cluster_us<-2>(s, flush, flush_bytes, st);
+    tc[spread][7] = median_cluster_us<-3>(s, flush, flush_bytes, st);
+    tc[spread][8] = median_cluster_us<11>(s, flush, flush_bytes, st);
+    tc[spread][9] = median_cluster_us<18>(s, flush, flush_bytes, st);
+    tc[spread][10] = median_cluster_us<21>(s, flush, flush_bytes, st);
+    tc[spread][11] = median_cluster_us<28>(s, flush, flush_bytes, st);
+    tc[spread][12] = median_cluster_us<31>(s, flush, flush_bytes, st);
+    tc[spread][13] = median_cluster_us<34>(s, flush, flush_bytes, st);
+    tc[spread][14] = median_cluster_us<38>(s, flush, flush_bytes, st);
   }
   const char* names[kStages] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
@@ -430,5 +632,14 @@ int main(int argc, char** argv) {
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
   for (int i = 0; i < kStages; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
+  const char* cluster_names[] = {"full, cluster of 1 CTA", "full, cluster of 2 CTAs", "full, cluster of 4 CTAs",
+                                 "full, cluster of 8 CTAs", "full, split code, no cluster",
+                                 "full, cluster launch, no cluster sync",
+                                 "empty kernel", "empty kernel, clusters of 8",
+                                 "cluster of 1, relaxed barriers", "cluster of 8, relaxed barriers",
+                                 "cluster of 1, host loads last", "cluster of 8, host loads last",
+                                 "cluster of 1, fenced writers", "cluster of 4, fenced writers",
+                                 "cluster of 8, fenced writers"};
+  for (int i = 0; i < 15; ++i) std::printf("  %-32s %8.2f %8.2f\n", cluster_names[i], tc[0][i], tc[1][i]);
   return 0;
 }
