@@ -30,12 +30,15 @@ struct location_space {
   std::size_t page_rows = 0;       ///< p: rows per page
   std::size_t staging_rows = 0;    ///< S: verification staging rows per slot (K_max * top_k; 0 without speculation)
 
+  /// Location of hot-cache way `way` (0 <= way < B) of a slot.
   DHISPARSE_HD constexpr location hot(std::size_t slot, std::size_t way) const {
     return static_cast<location>(slot * hot_rows + way);
   }
+  /// Location of history row `row` in a slot's tail ring (ring row `row % tail_rows`).
   DHISPARSE_HD constexpr location tail(std::size_t slot, std::int64_t row) const {
     return static_cast<location>(slots * hot_rows + slot * tail_rows + static_cast<std::size_t>(row) % tail_rows);
   }
+  /// Location of history row `row` in optional pool page `page` (offset `row % page_rows` in the page).
   DHISPARSE_HD constexpr location optional(std::size_t page, std::int64_t row) const {
     return static_cast<location>(slots * (hot_rows + tail_rows) + page * page_rows +
                                  static_cast<std::size_t>(row) % page_rows);

@@ -20,6 +20,7 @@
 
 namespace dhisparse::cuda {
 
+/// Owns the device buffers of one strided `batch_view` (one allocation, zeroed at construction); move-only.
 class device_batch {
  public:
   /// Buffers for up to `capacity` entries of `stride` selection entries each.
@@ -36,12 +37,19 @@ class device_batch {
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // done before uploads on any (non-blocking) stream
   }
 
+  /// Batch entries the buffers hold.
   [[nodiscard]] std::uint32_t capacity() const { return capacity_; }
+  /// Selection entries per batch entry (the strided layout's stride).
   [[nodiscard]] std::uint32_t stride() const { return stride_; }
+  /// Device scalar: entries in the next launch.
   [[nodiscard]] std::uint32_t* count() const { return at<std::uint32_t>(off_count_); }
+  /// [capacity] request slot of each entry.
   [[nodiscard]] std::int32_t* slots() const { return at<std::int32_t>(off_slots_); }
+  /// [capacity] selection entries each entry reads.
   [[nodiscard]] std::int32_t* lengths() const { return at<std::int32_t>(off_lengths_); }
+  /// [capacity * stride] selections, entry e at e * stride, -1 padded.
   [[nodiscard]] row_index* selections() const { return at<row_index>(off_sel_); }
+  /// [capacity * stride] locations the resolver writes, entry e at e * stride.
   [[nodiscard]] location* locations() const { return at<location>(off_loc_); }
 
   /// The strided view over these buffers (stable: capture it once).

@@ -37,6 +37,8 @@ namespace dhisparse::cuda {
 template <DraftRingPolicy Ring>
 using draft_ring_ref = ::dhisparse::draft_ring_ref<Ring>;
 
+/// CUDA draft ring store: the draft KV of N request slots in device memory, laid out by `Ring`,
+/// with host-side books of committed, written and live positions (see the file comment).
 template <DraftRingPolicy Ring>
 class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring> {
   using base = ::dhisparse::detail::draft_ring_store_base<Ring>;

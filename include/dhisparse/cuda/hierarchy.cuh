@@ -84,6 +84,8 @@ struct memory_requirements {
   std::size_t pinned_bytes = 0;  ///< page-locked host memory: host stores and staging
 };
 
+/// The CUDA hierarchy of `Layout`: `host_hierarchy` semantics with payload pools and cache state in device
+/// memory and histories in mapped pinned host memory (see the file comment). Not copyable.
 template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy,
           StagingArenaPolicy Staging = dedicated_staging>
 class hierarchy {
@@ -185,10 +187,15 @@ class hierarchy {
   /// Waits for the device before releasing memory that queued work may still use.
   ~hierarchy() { cudaDeviceSynchronize(); }
 
+  /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
+  /// Location geometry of the payload pools (the same for every source).
   [[nodiscard]] const location_space& space() const { return space_; }
+  /// True while `id` is admitted.
   [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
+  /// Request slot of an admitted request (what `batch_view::slots` names); throws unknown_request otherwise.
   [[nodiscard]] std::size_t slot_of(request_id id) const { return registry_.slot(id); }
+  /// Number of requests admitted now.
   [[nodiscard]] std::size_t admitted_count() const { return registry_.size(); }
   /// The stream used by calls that take none.
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
@@ -233,6 +240,7 @@ class hierarchy {
   /// itself wait (`cudaGridDependencySynchronize`) before it reads the locations or the rows.
   /// Capturable: a captured launch becomes a programmatic edge of the graph.
   void set_programmatic_launch(bool on) { programmatic_launch_ = on; }
+  /// Whether the per-step kernels launch with programmatic dependent launch (`set_programmatic_launch`).
   [[nodiscard]] bool programmatic_launch() const { return programmatic_launch_; }
 
   // ------------------------------------------------------------------ admission
@@ -667,10 +675,12 @@ class hierarchy {
     return taken;
   }
 
+  /// Free optional pages of a source's pool.
   [[nodiscard]] std::size_t free_optional_pages(std::size_t source) const {
     check_source(source);
     return src_[source].books.free_optional_pages();
   }
+  /// Free host-store pages of a source.
   [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
     check_source(source);
     return src_[source].books.store().free_pages();

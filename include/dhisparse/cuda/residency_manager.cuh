@@ -85,12 +85,16 @@ enum class page_state : std::uint8_t {
   backing_up,  ///< ready, device-only, its host backup in flight (reclaim in progress)
 };
 
+/// One history page of a request as `residency_manager::page_of` reports it: its state, pool page (-1: none)
+/// and whether only the device holds it.
 struct page_status {
   page_state state = page_state::absent;
   std::int32_t pool_page = -1;
   bool device_only = false;  ///< the host copy does not exist yet (imported resident-first)
 };
 
+/// Load-adaptive residency over an owned `cuda::hierarchy`: the host manager's ledger and admission semantics,
+/// with page states, deferred host backup and step/copy stream ordering (see the file comment). Not copyable.
 template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
 class residency_manager {
  public:
@@ -130,28 +134,40 @@ class residency_manager {
     cudaStreamDestroy(copy_stream_);
   }
 
+  /// The owned hierarchy, read-only.
   [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
   /// The hierarchy, for resolve / copy_follower / reads. Never admit, complete, append, map or
   /// unmap through it directly (use this class), or the books and the device maps disagree.
   [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  /// The step stream: resolves, appends, imports, unmaps and completion resets are ordered on it.
   [[nodiscard]] cudaStream_t step_stream() const { return step_; }
+  /// The manager's own non-blocking stream for page fills and backups (owned; destroyed with the manager).
   [[nodiscard]] cudaStream_t copy_stream() const { return copy_stream_; }
+  /// The ledger sizes given at construction.
   [[nodiscard]] const residency_config& config() const { return cfg_; }
+  /// Running totals since construction.
   [[nodiscard]] const residency_counters& counters() const { return counters_; }
+  /// M: optional-pool pages per source.
   [[nodiscard]] std::size_t capacity_pages() const { return h_.config().optional_pages; }
+  /// Pages a pinning policy reserves per request and source (complete pages of a full history).
   [[nodiscard]] std::size_t pinned_pages_per_request() const {
     return traits::pins_history ? h_.config().max_rows / page_rows : 0;
   }
+  /// True while `id` is admitted through this manager (not while its admission waits on a claim).
   [[nodiscard]] bool contains(request_id id) const { return seq_of_.contains(id); }
+  /// Number of requests admitted now.
   [[nodiscard]] std::size_t admitted_count() const { return seq_of_.size(); }
   /// Requests whose admission waits for reclaimed pages to retire.
   [[nodiscard]] std::size_t claims() const { return claims_.size(); }
+  /// True while `id`'s admission waits for reclaimed pages to retire (it returned `wait_for_reclaim`).
   [[nodiscard]] bool claimed(request_id id) const { return claims_.contains(id); }
 
+  /// A source's ledger now (M_opt counts retiring pages); throws invalid_source for a source outside the layout.
   [[nodiscard]] residency_ledger ledger(std::size_t source) const {
     check_source(source);
     return {capacity_pages(), required_[source], held_[source], cfg_.reserve_pages};
   }
+  /// Invariant 3 on every source.
   [[nodiscard]] bool invariant_holds() const {
     for (std::size_t s = 0; s < sources; ++s)
       if (!ledger(s).holds()) return false;
@@ -170,6 +186,7 @@ class residency_manager {
     check_source(source);
     return books_of(id).mapped[source];
   }
+  /// Rows of a request's history imported at admission on a source.
   [[nodiscard]] std::int64_t imported_rows(request_id id, std::size_t source) const {
     check_source(source);
     return books_of(id).imported[source];
@@ -184,6 +201,7 @@ class residency_manager {
   }
   /// True while a request's pages are being reclaimed.
   [[nodiscard]] bool reclaiming(request_id id) const { return books_of(id).reclaiming; }
+  /// Admitted requests in the policy's reclaim order (the first is reclaimed first).
   [[nodiscard]] std::vector<request_id> reclaim_sequence() const {
     return dhisparse::detail::reclaim_sequence<traits::order>(by_seq_);
   }

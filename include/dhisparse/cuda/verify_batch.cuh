@@ -23,6 +23,8 @@
 
 namespace dhisparse::cuda {
 
+/// Owns the device buffers of one `verify_batch_view` (one allocation, zeroed at construction, pointer arrays
+/// filled in); move-only.
 class device_verify_batch {
  public:
   /// Buffers for up to `capacity` entries of up to `max_block` queries (the hierarchy's K_max) of
@@ -56,15 +58,23 @@ class device_verify_batch {
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // done before uploads on any (non-blocking) stream
   }
 
+  /// Batch entries (rounds) the buffers hold.
   [[nodiscard]] std::uint32_t capacity() const { return capacity_; }
+  /// Queries per entry the buffers hold (K_max).
   [[nodiscard]] std::uint32_t max_block() const { return max_block_; }
+  /// Selection entries per query (top_k).
   [[nodiscard]] std::uint32_t stride() const { return stride_; }
+  /// Device scalar: entries in the next launch.
   [[nodiscard]] std::uint32_t* count() const { return at<std::uint32_t>(off_count_); }
+  /// [capacity] request slot of each entry.
   [[nodiscard]] std::int32_t* slots() const { return at<std::int32_t>(off_slots_); }
+  /// [capacity] K_r (queries) of each entry.
   [[nodiscard]] std::int32_t* queries() const { return at<std::int32_t>(off_queries_); }
   /// [capacity * max_block] entries of each query, at e * max_block + j.
   [[nodiscard]] std::int32_t* lengths() const { return at<std::int32_t>(off_lengths_); }
+  /// [capacity * max_block * stride] selections, query j of entry e at (e * max_block + j) * stride, -1 padded.
   [[nodiscard]] row_index* selections() const { return at<row_index>(off_sel_); }
+  /// [capacity * max_block * stride] locations the verify writes, at the same offsets as `selections()`.
   [[nodiscard]] location* locations() const { return at<location>(off_loc_); }
   /// First location of query j of entry e.
   [[nodiscard]] location* locations(std::uint32_t e, std::uint32_t j) const {

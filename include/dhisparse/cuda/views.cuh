@@ -19,7 +19,9 @@ namespace dhisparse::cuda {
 /// Per-entry status written by the resolver: 0 = resolved, otherwise `1 + errc`.
 using status_code = std::int32_t;
 inline constexpr status_code status_ok = 0;
+/// Status code of an error category (1 + errc).
 DHISPARSE_HD constexpr status_code to_status(errc e) { return 1 + static_cast<status_code>(e); }
+/// Error category of a status code other than status_ok (the inverse of to_status).
 constexpr errc to_errc(status_code s) { return static_cast<errc>(s - 1); }
 
 /// Outcome of one batch entry of one resolver launch.

@@ -26,6 +26,8 @@
 
 namespace dhisparse {
 
+/// Host draft ring store: the draft KV of N request slots in host memory, laid out by `Ring`, and
+/// the books of committed, written and live positions (see the file comment).
 template <DraftRingPolicy Ring>
 class draft_ring_store : public detail::draft_ring_store_base<Ring> {
   using base = detail::draft_ring_store_base<Ring>;
@@ -37,10 +39,12 @@ class draft_ring_store : public detail::draft_ring_store_base<Ring> {
   using typename base::ref_type;
   using base::rows_per_slot;
 
+  /// Allocates the ring, zeroed; throws invalid_configuration on zero sizes or a size that overflows.
   explicit draft_ring_store(const draft_ring_config& cfg) : base(cfg), bytes_(req_.bytes) {}
 
   /// Raw view of all rows (no liveness checks): what a kernel-style reader uses.
   [[nodiscard]] ref_type ref() { return {bytes_.data(), cfg_.slots, cfg_.row_bytes, cfg_.layers}; }
+  /// All ring bytes (no liveness checks), laid out [drafter layer][slots * R_d rows][row_bytes].
   [[nodiscard]] std::span<const std::byte> storage() const { return bytes_; }
 
   /// Writes positions [first, first + count) of `slot` from `rows`, laid out layer-major as a

@@ -60,6 +60,8 @@ struct host_memory_requirements {
   std::size_t host_store_bytes = 0;     ///< the paged host stores of every source
 };
 
+/// The host reference hierarchy of `Layout`: per-request histories, tail rings, hot caches and optional
+/// pages for every source, with each source's GPU payload pool simulated in host memory (see the file comment).
 template <KvLayout Layout, HotCachePolicy Hot = lru_hot_cache<4096>, ResidencyPolicy Residency = fixed_budget_policy,
           StagingArenaPolicy Staging = dedicated_staging>
 class host_hierarchy {
@@ -95,6 +97,8 @@ class host_hierarchy {
     return r;
   }
 
+  /// Allocates the simulated pools and host stores for `cfg`; throws invalid_configuration when `cfg` cannot work
+  /// (max_requests, max_rows or max_block zero, max_block > max_rows, rows or locations past int32).
   explicit host_hierarchy(const hierarchy_config& cfg) : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
     space_ = make_space(cfg_);
     if (!space_.addressable())
@@ -114,10 +118,15 @@ class host_hierarchy {
     if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
   }
 
+  /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
+  /// Location geometry of the payload pools (the same for every source).
   [[nodiscard]] const location_space& space() const { return space_; }
+  /// True while `id` is admitted.
   [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
+  /// Request slot of an admitted request; throws unknown_request otherwise.
   [[nodiscard]] std::size_t slot_of(request_id id) const { return registry_.slot(id); }
+  /// Number of requests admitted now.
   [[nodiscard]] std::size_t admitted_count() const { return registry_.size(); }
 
   /// Admits a request with an empty history. Waits (returns not admitted) when no slot is free;

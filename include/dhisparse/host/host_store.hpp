@@ -19,6 +19,8 @@ namespace dhisparse {
 using page_id = std::int32_t;
 inline constexpr page_id no_page = -1;
 
+/// Paged host store of one source's complete histories: hands out pages of caller-owned storage bytes
+/// (see the file comment for the row layout). Does not own the bytes.
 class host_store {
  public:
   host_store() = default;
@@ -41,11 +43,17 @@ class host_store {
     return page_rows * layers * row_bytes * pages;
   }
 
+  /// Pages not allocated now.
   [[nodiscard]] std::size_t free_pages() const { return free_.size(); }
+  /// Pages the store manages.
   [[nodiscard]] std::size_t total_pages() const { return pages_; }
+  /// Rows per page.
   [[nodiscard]] std::size_t page_rows() const { return page_rows_; }
+  /// Payload layers each page holds.
   [[nodiscard]] std::size_t layers() const { return layers_; }
+  /// Bytes of one row in one payload layer.
   [[nodiscard]] std::size_t row_bytes() const { return row_bytes_; }
+  /// The caller-owned bytes the pages live in.
   [[nodiscard]] std::span<std::byte> storage() const { return storage_; }
 
   /// Takes a free page (lowest index first); throws host_pool_exhausted when none is left.
@@ -63,6 +71,7 @@ class host_store {
     return static_cast<std::size_t>(g) * page_bytes() +
            (layer * page_rows_ + static_cast<std::size_t>(row) % page_rows_) * row_bytes_;
   }
+  /// Bytes of a row of one payload layer in page `g` (`row_bytes()` long; a view into the storage).
   [[nodiscard]] std::span<std::byte> row(page_id g, std::size_t layer, std::int64_t row) const {
     return storage_.subspan(offset(g, layer, row), row_bytes_);
   }

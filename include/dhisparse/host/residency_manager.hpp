@@ -63,6 +63,7 @@ struct residency_config {
 /// Outcome of `residency_manager::admit`. Every status but `admitted` is a wait: nothing changed,
 /// the engine retries later (after a completion, for example).
 enum class admit_status : std::uint8_t {
+  /// the request holds a slot (`residency_admission::slot`) and its prefilled history is imported
   admitted,
   wait_for_slot,        ///< every request slot of the hierarchy is taken
   wait_for_memory,      ///< the optional pages of all admitted requests cannot cover the deficit
@@ -70,6 +71,7 @@ enum class admit_status : std::uint8_t {
   wait_for_reclaim,     ///< CUDA backend: pages are being reclaimed for this request; retry after `poll()`
 };
 
+/// Short name of an admission status, for messages and logs.
 constexpr const char* to_string(admit_status s) noexcept {
   switch (s) {
     case admit_status::admitted: return "admitted";
@@ -127,6 +129,8 @@ struct residency_counters {
   friend bool operator==(const residency_counters&, const residency_counters&) = default;
 };
 
+/// Load-adaptive residency over an owned host `Hierarchy`: resident-first admission, whole-request reclaim and
+/// repopulation of optional history, keeping each source's ledger within Invariant 3 (see the file comment).
 template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
 class residency_manager {
  public:
@@ -137,6 +141,8 @@ class residency_manager {
   static constexpr std::size_t sources = Hierarchy::sources;
   static constexpr std::size_t page_rows = Hierarchy::page_rows;
 
+  /// Constructs the hierarchy from `hcfg` with the ledger of `rcfg`; throws invalid_configuration when one request's
+  /// required, reserve and pinned pages exceed the optional pool (nothing could be admitted), or `hcfg` cannot work.
   residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg) : h_(hcfg), cfg_(rcfg) {
     const std::size_t m = capacity_pages();
     const std::size_t need = cfg_.required_pages + cfg_.reserve_pages + pinned_pages_per_request();
@@ -149,10 +155,13 @@ class residency_manager {
     optional_.fill(0);
   }
 
+  /// The owned hierarchy, read-only.
   [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
   /// The hierarchy, for resolve / append / copy_follower / reads (see the file comment).
   [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  /// The ledger sizes given at construction.
   [[nodiscard]] const residency_config& config() const { return cfg_; }
+  /// Running totals since construction.
   [[nodiscard]] const residency_counters& counters() const { return counters_; }
   /// M: optional-pool pages per source.
   [[nodiscard]] std::size_t capacity_pages() const { return h_.config().optional_pages; }
@@ -160,9 +169,12 @@ class residency_manager {
   [[nodiscard]] std::size_t pinned_pages_per_request() const {
     return traits::pins_history ? h_.config().max_rows / page_rows : 0;
   }
+  /// True while `id` is admitted through this manager.
   [[nodiscard]] bool contains(request_id id) const { return seq_of_.contains(id); }
+  /// Number of requests admitted now.
   [[nodiscard]] std::size_t admitted_count() const { return seq_of_.size(); }
 
+  /// A source's ledger now (M, M_req, M_opt, M_res); throws invalid_source for a source outside the layout.
   [[nodiscard]] residency_ledger ledger(std::size_t source) const {
     check_source(source);
     return {capacity_pages(), required_[source], optional_[source], cfg_.reserve_pages};

@@ -11,6 +11,8 @@
 
 namespace dhisparse::layouts {
 
+/// DeepSeek-V4.1-Flash-like layout: 8 packed sources (288-byte rows, 4 positions each), one reindex and four
+/// reuse consumers per source, top-k 512.
 struct deepseek_v41_flash {
   static constexpr std::size_t top_k = 512;
   static constexpr std::size_t page_rows = 64;

@@ -10,6 +10,7 @@
 
 namespace dhisparse::layouts {
 
+/// Scaled-down GLM-5.3 shape for the decode demo: 3 sources with 4 + 3 + 3 payload layers, top-k 256.
 struct demo {
   static constexpr std::size_t top_k = 256;
   static constexpr std::size_t page_rows = 64;

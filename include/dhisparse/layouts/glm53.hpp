@@ -10,6 +10,7 @@
 
 namespace dhisparse::layouts {
 
+/// GLM-5.3-like layout: 21 index-producer sources of 4 or 3 payload layers (576-byte rows), top-k 2048.
 struct glm53 {
   static constexpr std::size_t top_k = 2048;
   static constexpr std::size_t page_rows = 64;

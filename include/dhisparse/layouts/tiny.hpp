@@ -8,6 +8,8 @@
 
 namespace dhisparse::layouts {
 
+/// Tiny test layout: a producer source with one follower layer, and a shared source read by two reindex
+/// consumers and one reuse consumer; top-k 16, 8-row pages.
 struct tiny {
   static constexpr std::size_t top_k = 16;
   static constexpr std::size_t page_rows = 8;

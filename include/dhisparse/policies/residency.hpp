@@ -3,7 +3,7 @@
 /// ResidencyPolicy: how much history a request keeps on the GPU beyond its tail and hot cache.
 ///
 /// The concept asks only for `keeps_optional_history` and `name`. Policies may add the members
-/// read by `residency_traits` (all optional, with defaults), which `host::residency_manager`
+/// read by `residency_traits` (all optional, with defaults), which `residency_manager`
 /// (host/residency_manager.hpp, docs/residency.md) uses to run load-adaptive residency:
 ///  - `pins_history` (default false): every complete page of a request is optional history that is
 ///    never reclaimed; admission reserves the request's whole history capacity (resident serving);

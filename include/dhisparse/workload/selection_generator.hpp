@@ -243,6 +243,7 @@ constexpr std::uint64_t stream_seed(std::uint64_t base, std::uint64_t stream) {
 /// Deterministic generator of one (request, source) stream's selections; see the file comment.
 class selection_generator {
  public:
+  /// A generator of `params` drawing from splitmix64 stream `seed`; throws invalid_configuration (see `validate`).
   selection_generator(const selection_params& params, std::uint64_t seed) : p_(params), rng_{seed} {
     validate(p_);
     const std::size_t k = p_.top_k;
@@ -265,7 +266,9 @@ class selection_generator {
     ring_.resize(p_.remembered_steps);
   }
 
+  /// The parameters given at construction.
   [[nodiscard]] const selection_params& params() const { return p_; }
+  /// k: entries of every selection (-1 padded while the history is shorter).
   [[nodiscard]] std::size_t top_k() const { return p_.top_k; }
   /// Selections generated so far.
   [[nodiscard]] std::uint64_t steps() const { return steps_; }
@@ -599,14 +602,20 @@ class selection_generator {
 /// all of them into one row-major buffer: stream i's selection is `out[i*top_k, (i+1)*top_k)`.
 class selection_batch {
  public:
+  /// `streams` generators of `params`, stream i seeded `stream_seed(seed, i)`; throws invalid_configuration on bad
+  /// params when streams > 0 (see `validate`).
   selection_batch(const selection_params& params, std::uint64_t seed, std::size_t streams) {
     gens_.reserve(streams);
     for (std::size_t i = 0; i < streams; ++i) gens_.emplace_back(params, stream_seed(seed, i));
   }
 
+  /// Number of streams.
   [[nodiscard]] std::size_t size() const { return gens_.size(); }
+  /// k of every stream's selection (0 without streams).
   [[nodiscard]] std::size_t top_k() const { return gens_.empty() ? 0 : gens_.front().top_k(); }
+  /// Stream i's generator; throws std::out_of_range when i >= size().
   [[nodiscard]] selection_generator& operator[](std::size_t i) { return gens_.at(i); }
+  /// Stream i's generator, read-only; throws std::out_of_range when i >= size().
   [[nodiscard]] const selection_generator& operator[](std::size_t i) const { return gens_.at(i); }
   /// Stream i's part of a batch buffer.
   [[nodiscard]] std::span<row_index> selection(std::span<row_index> out, std::size_t i) const {
