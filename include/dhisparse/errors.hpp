@@ -72,7 +72,9 @@ constexpr const char* to_string(errc e) noexcept {
 /// Base of all dhisparse errors; `code()` tells which rule was broken.
 class error : public std::runtime_error {
  public:
+  /// An error of category `code`; `what()` is `what` prefixed with "dhisparse: ".
   error(errc code, const std::string& what) : std::runtime_error(std::string("dhisparse: ") + what), code_(code) {}
+  /// The error's category.
   [[nodiscard]] errc code() const noexcept { return code_; }
 
  private:
@@ -83,9 +85,11 @@ class error : public std::runtime_error {
 template <errc Code>
 class typed_error : public error {
  public:
+  /// An error of category `Code` with message `what`.
   explicit typed_error(const std::string& what) : error(Code, what) {}
 };
 
+/// Typed errors, one per `errc` value and named after it (see `errc` for what each means).
 using unknown_request = typed_error<errc::unknown_request>;
 using duplicate_admission = typed_error<errc::duplicate_admission>;
 using position_out_of_range = typed_error<errc::position_out_of_range>;

@@ -27,13 +27,17 @@ enum class copy_layers : std::uint8_t {
 
 /// Result of an admission: admitted with a slot, or wait (no capacity now; try again later).
 struct admission {
+  /// True when the request now holds a slot.
   bool admitted = false;
+  /// The request's slot (meaningful only when admitted).
   std::size_t slot = 0;
+  /// Same as `admitted`.
   explicit operator bool() const { return admitted; }
 };
 
 /// One request's part of a batched host resolver call.
 struct resolve_item {
+  /// The admitted request this part belongs to.
   request_id request = 0;
   std::span<const row_index> selection;  ///< ordered top-k, -1 padded, at most top_k entries
   std::span<location> locations;         ///< same length as selection
@@ -42,6 +46,7 @@ struct resolve_item {
 /// One request's part of a speculative verify call (host backend): K_r = queries.size() target
 /// queries, query j at position n + j, n = `positions()` (frontier for m = 1; j = 0 is the anchor).
 struct verify_item {
+  /// The admitted request whose staged block is verified.
   request_id request = 0;
   std::span<const std::span<const row_index>> queries;  ///< K_r ordered selections, -1 padded, <= top_k each
   std::span<const std::span<location>> locations;       ///< K_r outputs, each as long as its query
@@ -60,20 +65,25 @@ struct verify_stats {
   std::size_t bytes_copied = 0;  ///< bytes copied from host over every payload layer materialised
   std::size_t staging_rows = 0;  ///< distinct rows placed in staging (overflow past the hot cache)
 
+  /// Adds `o`'s counts field by field.
   constexpr verify_stats& operator+=(const verify_stats& o) {
     selected += o.selected; direct += o.direct; block += o.block; hot += o.hot; host += o.host;
     staged += o.staged; rows_copied += o.rows_copied; bytes_copied += o.bytes_copied;
     staging_rows += o.staging_rows;
     return *this;
   }
+  /// True when every count is equal.
   friend constexpr bool operator==(const verify_stats&, const verify_stats&) = default;
 };
 
 /// A host row recovered into a hot-cache location by the last resolve of a source; follower
 /// layers replay these copies with their own bytes.
 struct planned_copy {
+  /// Request slot the row belongs to.
   std::size_t slot = 0;
+  /// History row copied from the host store.
   row_index row = 0;
+  /// Hot-cache (or staging) location it was copied to.
   location dst = 0;
 };
 

@@ -36,6 +36,7 @@ struct source_desc {
 /// One model layer reading a source.
 struct consumer_desc {
   std::size_t source = 0;        ///< index into the layout's sources
+  /// How the consumer obtains its locations.
   consumer_kind kind = consumer_kind::reindex;
   std::size_t payload_layer = 0; ///< which payload layer of the source it reads
 };

@@ -74,6 +74,7 @@ struct model_shape {
   std::uint64_t max_live_payload_layers = 0;  ///< payload layers live together: the largest source's layer count
   std::uint64_t widest_row_bytes = 0;         ///< d_KV of the widest source: bytes of one row of one payload layer
 
+  /// True when every field is equal.
   friend constexpr bool operator==(const model_shape&, const model_shape&) = default;
 };
 
@@ -113,7 +114,9 @@ constexpr model_shape shape_of() {
 
 /// A model shape with the name the command line and documents use for it.
 struct named_model {
+  /// Name used on the command line and in documents ("glm-5.3", ...).
   std::string_view name;
+  /// The model's memory-relevant numbers.
   model_shape shape;
 };
 
@@ -141,11 +144,13 @@ struct drafter_shape {
   std::uint64_t max_block = 0;        ///< K_max: widest verification block (target queries per round)
   std::uint64_t page_rows = 0;        ///< p of the draft ring
   std::uint64_t draft_row_bytes = 0;  ///< bytes of one draft position over all draft layers' K and V
+  /// Preset name ("none", "dflash2", "dspark"); what `drafter_by_name` matches.
   std::string_view name = "none";
 
   /// False for `drafters::none` (no speculation: no ring, no staging).
   constexpr bool present() const { return max_block > 0; }
 
+  /// True when every field is equal.
   friend constexpr bool operator==(const drafter_shape&, const drafter_shape&) = default;
 };
 
@@ -156,8 +161,11 @@ inline constexpr drafter_shape none{};
 /// DFlash2 on GLM-5.3 as evaluated in the paper: W = 2048, K_max = 8, p = 64, six draft layers with
 /// a K and a V allocation of 1024 bytes each (twelve allocations, 12,288 bytes per draft row).
 inline constexpr std::uint64_t dflash2_draft_layers = 6;
+/// Allocations per DFlash2 draft layer: K and V.
 inline constexpr std::uint64_t dflash2_allocations_per_layer = 2;  // K and V
+/// Bytes of one draft position in one DFlash2 allocation.
 inline constexpr std::uint64_t dflash2_allocation_row_bytes = 1024;
+/// The DFlash2 preset: W = 2048, K_max = 8, p = 64, 12,288 bytes per draft row.
 inline constexpr drafter_shape dflash2{
     .window = 2048,
     .max_block = 8,
@@ -243,7 +251,9 @@ struct session_plan {
   std::uint64_t staging_bytes_for_slots = 0;  ///< M_stage = N * staging
 
   // Sessions that fit in `pool_bytes` (unset when no pool was given).
+  /// Whole sessions of resident_total bytes that fit in `pool_bytes` (unset without one).
   std::optional<std::uint64_t> resident_sessions_in_pool{};
+  /// Whole sessions of hierarchical_total bytes that fit in `pool_bytes` (unset without one).
   std::optional<std::uint64_t> hierarchical_sessions_in_pool{};
 
   /// resident_total / hierarchical_total.

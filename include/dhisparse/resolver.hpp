@@ -16,6 +16,7 @@
 
 namespace dhisparse {
 
+/// Requirements on a hierarchy backend: layout and policy types, space(), contains, admit, complete and resolve.
 template <class R>
 concept FusedResolver = requires(R& r, const R& cr, request_id id, std::size_t source,
                                  std::span<const typename R::batch_item> batch) {

@@ -27,11 +27,13 @@ struct resolve_stats {
   std::size_t rows_copied = 0;  ///< distinct rows copied from host
   std::size_t bytes_copied = 0; ///< bytes copied from host over every payload layer materialised
 
+  /// Adds `o`'s counts field by field.
   constexpr resolve_stats& operator+=(const resolve_stats& o) {
     selected += o.selected; direct += o.direct; hot += o.hot; host += o.host;
     rows_copied += o.rows_copied; bytes_copied += o.bytes_copied;
     return *this;
   }
+  /// True when every count is equal.
   friend constexpr bool operator==(const resolve_stats&, const resolve_stats&) = default;
 };
 

@@ -19,11 +19,15 @@ namespace dhisparse::cuda {
 template <class T>
 class device_buffer {
  public:
+  /// An empty buffer (no allocation).
   device_buffer() = default;
+  /// Allocates `n` uninitialised elements (none for 0); throws device_error when cudaMalloc fails.
   explicit device_buffer(std::size_t n) : size_(n) {
     if (n != 0) DHISPARSE_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
   }
+  /// Takes over `o`'s memory, leaving `o` empty.
   device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  /// Frees this buffer's memory, then takes over `o`'s, leaving `o` empty.
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
@@ -34,10 +38,14 @@ class device_buffer {
   }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
+  /// Frees the memory (a failing cudaFree is not reported).
   ~device_buffer() { reset(); }
 
+  /// Device address of the elements (null when empty).
   [[nodiscard]] T* data() const noexcept { return data_; }
+  /// Number of elements.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Size in bytes: size() * sizeof(T).
   [[nodiscard]] std::size_t bytes() const noexcept { return size_ * sizeof(T); }
 
  private:
@@ -53,14 +61,18 @@ class device_buffer {
 /// `bytes` of page-locked host memory, mapped into the device address space (zero-copy reads).
 class pinned_buffer {
  public:
+  /// An empty buffer (no allocation).
   pinned_buffer() = default;
+  /// Allocates `bytes` uninitialised mapped, portable pinned bytes (none for 0); throws device_error on failure.
   explicit pinned_buffer(std::size_t bytes) : bytes_(bytes) {
     if (bytes == 0) return;
     DHISPARSE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, cudaHostAllocMapped | cudaHostAllocPortable));
     DHISPARSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
   }
+  /// Takes over `o`'s memory, leaving `o` empty.
   pinned_buffer(pinned_buffer&& o) noexcept
       : host_(std::exchange(o.host_, nullptr)), device_(std::exchange(o.device_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  /// Frees this buffer's memory, then takes over `o`'s, leaving `o` empty.
   pinned_buffer& operator=(pinned_buffer&& o) noexcept {
     if (this != &o) {
       reset();
@@ -72,13 +84,16 @@ class pinned_buffer {
   }
   pinned_buffer(const pinned_buffer&) = delete;
   pinned_buffer& operator=(const pinned_buffer&) = delete;
+  /// Frees the memory (a failing cudaFreeHost is not reported).
   ~pinned_buffer() { reset(); }
 
   /// Host address of the bytes.
   [[nodiscard]] std::byte* data() const noexcept { return host_; }
   /// Device address of the same bytes (equal to `data()` under unified addressing).
   [[nodiscard]] std::byte* device_data() const noexcept { return device_; }
+  /// Size in bytes.
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  /// The bytes as a host span.
   [[nodiscard]] std::span<std::byte> span() const noexcept { return {host_, bytes_}; }
 
  private:

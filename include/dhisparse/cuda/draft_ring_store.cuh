@@ -47,7 +47,9 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   using base::req_;
 
  public:
+  /// Trivially copyable device view of the ring's rows (`draft_ring_ref<Ring>`).
   using typename base::ref_type;
+  /// R_d: ring rows per request slot (`Ring::rows_per_slot`).
   using base::rows_per_slot;
 
   /// Allocates the ring and zeroes it on `stream` (synchronises `stream` before returning, like

@@ -72,6 +72,7 @@ namespace dhisparse::cuda {
 
 /// One request's part of a batched device resolve (eager path). Pointers are device-accessible.
 struct batch_item {
+  /// The admitted request this part belongs to.
   request_id request = 0;
   const row_index* selection = nullptr;  ///< `length` entries, -1 padded
   std::int32_t length = 0;               ///< at most top_k
@@ -100,19 +101,31 @@ class hierarchy {
                 "\"not cached\"; use B < 65535");
 
  public:
+  /// The KV layout.
   using layout = Layout;
+  /// Element of a batched eager `resolve` call (device pointers).
   using batch_item = cuda::batch_item;
+  /// The hot-cache policy (B rows per request and source).
   using hot_cache = Hot;
+  /// The residency policy (read by `residency_manager`).
   using residency = Residency;
+  /// The staging policy of speculative verification.
   using staging = Staging;
+  /// Unsigned type of an LRU order entry (a hot-cache way).
   using order_index = typename Hot::order_index;
+  /// Number of payload sources in the layout.
   static constexpr std::size_t sources = source_count<Layout>;
+  /// B: hot-cache rows per request and source.
   static constexpr std::size_t hot_rows = Hot::rows;
+  /// k: most entries in one selection.
   static constexpr std::size_t top_k = Layout::top_k;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = Layout::page_rows;
   /// Threads per CTA of the fused resolver.
   static constexpr int block_threads = DHISPARSE_CUDA_RESOLVE_BLOCK;
+  /// Compile-time shape of the fused resolver for this block size, top_k and B.
   using resolve_traits = detail::resolve_traits<block_threads, top_k, hot_rows>;
+  /// Device view of one source (what `view(source)` returns).
   using view_type = source_view<order_index>;
 
   /// Device and pinned bytes the hierarchy allocates for `cfg`.
@@ -247,6 +260,7 @@ class hierarchy {
 
   /// Admits a request with an empty history; waits (not admitted) when no slot is free.
   admission admit(request_id id) { return admit(id, stream_); }
+  /// As above, marking the slot live on `stream`.
   admission admit(request_id id, cudaStream_t stream) {
     auto slot = registry_.admit(id);
     if (!slot) return {};
@@ -258,6 +272,7 @@ class hierarchy {
   /// Completes a request: its host pages, optional pages and slot are released and its device
   /// state is reset in stream order.
   void complete(request_id id) { complete(id, stream_); }
+  /// As above, with the device state reset on `stream`.
   void complete(request_id id, cudaStream_t stream) {
     const std::size_t slot = registry_.slot(id);
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
@@ -318,6 +333,7 @@ class hierarchy {
     if (count == 0) return;
     detail::with_device_copy(rows, stream, [&](const std::byte* copy) { append_checked(source, slot, copy, count, stream); });
   }
+  /// As above, on the hierarchy's stream.
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     append(id, source, rows, count, stream_);
   }
@@ -329,6 +345,7 @@ class hierarchy {
   /// Asynchronous; `check_errors`, `last_stats` and `resolve_sync` report. Not capturable: use the
   /// `batch_view` overload inside a CUDA graph.
   void resolve(std::size_t source, std::span<const batch_item> batch) { resolve(source, batch, stream_); }
+  /// As above, on `stream`; `mode` selects the payload layers copied.
   void resolve(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                copy_layers mode = copy_layers::all) {
     check_source(source);
@@ -426,6 +443,7 @@ class hierarchy {
                                                     programmatic_launch_));
     src.layer_pending[layer] = false;
   }
+  /// As above, on the hierarchy's stream.
   void copy_follower(std::size_t source, std::size_t layer) { copy_follower(source, layer, stream_); }
 
   /// Releases the shared staging arenas held by `source` (`staging_arenas<chi>`): every attention
@@ -448,6 +466,7 @@ class hierarchy {
       staging_.release();
     }
   }
+  /// As above, on the hierarchy's stream.
   void release_staging(std::size_t source) { release_staging(source, stream_); }
   /// Source holding the shared staging arenas, if any (always none with dedicated staging).
   [[nodiscard]] std::optional<std::size_t> staging_holder() const { return staging_.holder(); }
@@ -483,6 +502,7 @@ class hierarchy {
           throw_error(to_errc(recs[t].code), describe(s, t, recs[t]));
     }
   }
+  /// As above, for the hierarchy's stream.
   void check_errors() { check_errors(stream_); }
 
   /// Per-entry stats of the last resolve launch of a source (synchronises the device).
@@ -558,6 +578,7 @@ class hierarchy {
     }
     return true;
   }
+  /// As above, on the hierarchy's stream.
   bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
     return map_optional_page(id, source, page, stream_);
   }
@@ -571,6 +592,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
         src.view.optional_page + slot * pages_per_request_ + page, std::int32_t{-1}, stream));
   }
+  /// As above, on the hierarchy's stream.
   void unmap_optional_page(request_id id, std::size_t source, std::size_t page) {
     unmap_optional_page(id, source, page, stream_);
   }
@@ -713,6 +735,7 @@ class hierarchy {
                           std::to_string(nrows * d.payload_layers * d.row_bytes));
     detail::with_device_copy(rows, stream, [&](const std::byte* copy) { stage_checked(source, slot, copy, count, stream); });
   }
+  /// As above, on the hierarchy's stream.
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     stage_block(id, source, rows, count, stream_);
   }
@@ -790,6 +813,7 @@ class hierarchy {
       src.follower_plan_from_verify = true;
     }
   }
+  /// As above, on the hierarchy's stream.
   void verify(std::size_t source, std::span<const verify_batch_item> batch) { verify(source, batch, stream_); }
 
   /// Verify over a device descriptor: no host synchronisation, no allocation, a fixed launch shape,
@@ -875,6 +899,7 @@ class hierarchy {
     src.partial[slot] = static_cast<std::size_t>(n_next % m);
     close_round(source, slot, stream);
   }
+  /// As above, on the hierarchy's stream.
   void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
 
   /// Stored rows a block of `count` positions covers on a request/source: what `stage_block`
@@ -889,6 +914,7 @@ class hierarchy {
     check_source(source);
     return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
   }
+  /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the device.
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
     check_source(source);
     if (!speculative()) return 0;

@@ -73,7 +73,9 @@ namespace dhisparse::cuda {
 /// Prefilled history of one source in device-accessible memory (device memory of a prefill
 /// engine, or pinned host memory): `count` rows laid out [payload layer][count][row_bytes].
 struct device_history_import {
+  /// Device-accessible rows, `[payload layer][count][row_bytes]`.
   const std::byte* rows = nullptr;
+  /// Rows imported (stored rows, not token positions).
   std::size_t count = 0;
 };
 
@@ -88,7 +90,9 @@ enum class page_state : std::uint8_t {
 /// One history page of a request as `residency_manager::page_of` reports it: its state, pool page (-1: none)
 /// and whether only the device holds it.
 struct page_status {
+  /// Where the page is.
   page_state state = page_state::absent;
+  /// Optional pool page holding it (-1: none).
   std::int32_t pool_page = -1;
   bool device_only = false;  ///< the host copy does not exist yet (imported resident-first)
 };
@@ -98,11 +102,17 @@ struct page_status {
 template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
 class residency_manager {
  public:
+  /// The owned hierarchy type.
   using hierarchy_type = Hierarchy;
+  /// The residency policy.
   using policy = Policy;
+  /// The policy's optional members, with their defaults.
   using traits = residency_traits<Policy>;
+  /// The hierarchy's KV layout.
   using layout = typename Hierarchy::layout;
+  /// Number of payload sources.
   static constexpr std::size_t sources = Hierarchy::sources;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = Hierarchy::page_rows;
 
   /// Builds the hierarchy on `step_stream` (the stream resolves, appends and imports are ordered
@@ -222,6 +232,7 @@ class residency_manager {
                         return h_.import_rows(id, s, history[s].rows, history[s].count, device_pages, step_);
                       });
   }
+  /// As above, with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<device_history_import> history) {
     return admit(id, std::span<const device_history_import>(history.begin(), history.size()));
   }
@@ -244,6 +255,7 @@ class residency_manager {
                         });
                       });
   }
+  /// As above (host memory), with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {
     return admit(id, std::span<const history_import>(history.begin(), history.size()));
   }

@@ -97,7 +97,9 @@ class device_verify_batch {
 
   /// One request's round for `upload`: its request slot and K_r selections (each at most `stride`).
   struct round {
+    /// Request slot of the round (`hierarchy::slot_of`).
     std::int32_t slot = 0;
+    /// K_r host selections, anchor first, each of at most `stride` entries.
     std::span<const std::span<const row_index>> queries;
   };
 

@@ -44,8 +44,11 @@ struct verify_batch_view {
 /// Where one batch entry's queries were found (see `verify_stats`); bytes = rows_copied *
 /// layers_copied * row_bytes.
 struct verify_entry_stats {
+  /// Entry counts as in `verify_stats`.
   std::uint32_t selected = 0, direct = 0, block = 0, hot = 0, host = 0, staged = 0;
+  /// Distinct-row counts as in `verify_stats`, and the payload layers the rows were copied into.
   std::uint32_t rows_copied = 0, staging_rows = 0, layers_copied = 0;
+  /// Padding to 48 bytes.
   std::uint32_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(verify_entry_stats) == 48);
@@ -65,6 +68,7 @@ struct verify_workspace_view {
   std::uint32_t positions_per_row = 1;  ///< m of the source: query j sees rows < (frontier·m + partial + j + 1) / m
   std::uint32_t words = 0;              ///< bitmap words per slot: ceil(max_rows / 32)
   std::uint32_t plan_stride = 0;        ///< K_max * top_k
+  /// Batch entries each per-entry array holds (max_requests).
   std::uint32_t capacity = 0;
 };
 
@@ -82,7 +86,9 @@ namespace dhisparse::cuda {
 /// anchor). The span is read on the host during the call; selections and locations are
 /// device-accessible and used in stream order.
 struct verify_batch_item {
+  /// The admitted request whose staged block is verified.
   request_id request = 0;
+  /// K_r device queries (a selection and its locations each), anchor first.
   std::span<const verify_query> queries;
 };
 

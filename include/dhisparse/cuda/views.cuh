@@ -18,6 +18,7 @@ namespace dhisparse::cuda {
 
 /// Per-entry status written by the resolver: 0 = resolved, otherwise `1 + errc`.
 using status_code = std::int32_t;
+/// Status of an entry that resolved.
 inline constexpr status_code status_ok = 0;
 /// Status code of an error category (1 + errc).
 DHISPARSE_HD constexpr status_code to_status(errc e) { return 1 + static_cast<status_code>(e); }
@@ -38,7 +39,9 @@ static_assert(sizeof(entry_error) == 32);
 /// Where one batch entry's selection was found (see `resolve_stats`); bytes = rows_copied *
 /// layers_copied * row_bytes.
 struct entry_stats {
+  /// Counts as in `resolve_stats`, plus the payload layers the entry's rows were copied into.
   std::uint32_t selected = 0, direct = 0, hot = 0, host = 0, rows_copied = 0, layers_copied = 0;
+  /// Padding to 32 bytes.
   std::uint32_t reserved[2] = {0, 0};
 };
 static_assert(sizeof(entry_stats) == 32);
@@ -46,8 +49,11 @@ static_assert(sizeof(entry_stats) == 32);
 /// One planned host->GPU row copy: the row's layer-0 byte offset in the host store and its
 /// destination location (layer l adds `l * page_rows * row_bytes` on the host side).
 struct alignas(16) plan_entry {
+  /// Byte offset of the row's layer-0 copy in the host store.
   std::uint64_t host_offset = 0;
+  /// Destination location of the copy.
   location dst = 0;
+  /// History row copied.
   row_index row = 0;
 };
 static_assert(sizeof(plan_entry) == 16);
@@ -75,6 +81,7 @@ inline constexpr OrderIndex no_way = static_cast<OrderIndex>(~OrderIndex(0));
 /// Device state of one payload source (its pool geometry, cache state and page tables).
 template <class OrderIndex>
 struct source_view {
+  /// Location geometry of the source's pool.
   location_space space{};
   row_index* hot_row = nullptr;             ///< [slots * B] row held by each hot way, -1 when empty
   OrderIndex* order = nullptr;              ///< [slots * B] LRU order, least recently used first
@@ -105,6 +112,7 @@ struct source_view {
 
 /// The resolver's per-source scratch and results (capacity = max_requests batch entries).
 struct workspace_view {
+  /// Work-distribution counters of the source's resolver.
   control_block* control = nullptr;
   std::uint64_t* ready = nullptr;     ///< [capacity] published entry: epoch (low word), copy units (high word)
   plan_entry* plan = nullptr;         ///< [capacity * top_k] misses of each entry, ascending rows
@@ -113,6 +121,7 @@ struct workspace_view {
   entry_error* errors = nullptr;      ///< [capacity] status of each entry of the last launch
   entry_error* sticky = nullptr;      ///< [capacity] records of the first failing launch (check_errors)
   entry_stats* stats = nullptr;       ///< [capacity] stats of each entry of the last launch
+  /// Batch entries each array holds (max_requests).
   std::uint32_t capacity = 0;
 };
 

@@ -36,7 +36,9 @@ class draft_ring_store : public detail::draft_ring_store_base<Ring> {
   using base::req_;
 
  public:
+  /// Trivially copyable view of the ring's rows (`draft_ring_ref<Ring>`).
   using typename base::ref_type;
+  /// R_d: ring rows per request slot (`Ring::rows_per_slot`).
   using base::rows_per_slot;
 
   /// Allocates the ring, zeroed; throws invalid_configuration on zero sizes or a size that overflows.

@@ -73,15 +73,25 @@ class host_hierarchy {
                 "stages every payload layer of its source at once, layer l in arena l)");
 
  public:
+  /// The KV layout.
   using layout = Layout;
+  /// Element of a batched `resolve` call (host spans).
   using batch_item = resolve_item;
+  /// The hot-cache policy (B rows per request and source).
   using hot_cache = Hot;
+  /// The residency policy (read by `residency_manager`).
   using residency = Residency;
+  /// The staging policy of speculative verification.
   using staging = Staging;
+  /// Unsigned type of an LRU order entry (a hot-cache way).
   using order_index = typename Hot::order_index;
+  /// Number of payload sources in the layout.
   static constexpr std::size_t sources = source_count<Layout>;
+  /// B: hot-cache rows per request and source.
   static constexpr std::size_t hot_rows = Hot::rows;
+  /// k: most entries in one selection.
   static constexpr std::size_t top_k = Layout::top_k;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = Layout::page_rows;
 
   /// Bytes the hierarchy allocates for `cfg`.
@@ -325,6 +335,7 @@ class host_hierarchy {
     check_source(source);
     return src_[source].state[registry_.slot(id)].staged;
   }
+  /// K_r of the request/source's last verify since its block was staged (0: none).
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
     check_source(source);
     return src_[source].state[registry_.slot(id)].verified;
@@ -364,13 +375,14 @@ class host_hierarchy {
   }
   /// Source holding the shared staging arenas, if any (always none with dedicated staging).
   [[nodiscard]] std::optional<std::size_t> staging_holder() const { return staging_.holder(); }
-  /// Bytes of the simulated GPU memory: every payload layer's pool, and the shared arenas.
+  /// Bytes of every payload layer's pool (dedicated staging rows included; shared arenas: `staging_arena_bytes`).
   [[nodiscard]] std::size_t pool_bytes() const {
     std::size_t n = 0;
     for (const auto& src : src_)
       for (const auto& layer : src.pool) n += layer.size();
     return n;
   }
+  /// Bytes of the shared staging arenas (0 with dedicated staging or without speculation).
   [[nodiscard]] std::size_t staging_arena_bytes() const {
     std::size_t n = 0;
     for (const auto& a : arenas_) n += a.size();

@@ -23,6 +23,7 @@ inline constexpr page_id no_page = -1;
 /// (see the file comment for the row layout). Does not own the bytes.
 class host_store {
  public:
+  /// An empty store: no pages, no storage.
   host_store() = default;
   /// `storage` must hold `pages * page_bytes()` bytes and outlive the store.
   host_store(std::size_t page_rows, std::size_t layers, std::size_t row_bytes, std::size_t pages,

@@ -86,17 +86,21 @@ constexpr const char* to_string(admit_status s) noexcept {
 /// Prefilled history of one source: `count` rows laid out `[payload layer][count][row_bytes]` as
 /// for `host_hierarchy::append`.
 struct history_import {
+  /// The rows of every payload layer, `[payload layer][count][row_bytes]`.
   std::span<const std::byte> rows;
+  /// Rows imported (stored rows, not token positions).
   std::size_t count = 0;
 };
 
 /// Result of an admission.
 struct residency_admission {
+  /// Admitted, or why the admission waits.
   admit_status status = admit_status::wait_for_slot;
   std::size_t slot = 0;                ///< the request's slot when admitted
   std::size_t reclaimed_requests = 0;  ///< q: requests whose optional pages were reclaimed
   std::size_t reclaimed_pages = 0;     ///< pages reclaimed, over every source
   std::size_t mapped_pages = 0;        ///< optional pages mapped for the new request, over every source
+  /// True when admitted.
   explicit operator bool() const { return status == admit_status::admitted; }
 };
 
@@ -106,9 +110,11 @@ struct residency_ledger {
   std::size_t required = 0;  ///< M_req
   std::size_t optional = 0;  ///< M_opt
   std::size_t reserve = 0;   ///< M_res
+  /// Invariant 3: M_req + M_opt + M_res <= M.
   [[nodiscard]] bool holds() const { return required + optional + reserve <= capacity; }
   /// Pages that optional history may still take (0 when the invariant is broken).
   [[nodiscard]] std::size_t spare() const { return holds() ? capacity - required - optional - reserve : 0; }
+  /// True when every field is equal.
   friend bool operator==(const residency_ledger&, const residency_ledger&) = default;
 };
 
@@ -116,16 +122,22 @@ struct residency_ledger {
 struct residency_counters {
   std::size_t admissions = 0;          ///< admit calls that admitted
   std::size_t admissions_waited = 0;   ///< admit calls that returned a wait
+  /// Admissions that waited for a request slot.
   std::size_t waits_for_slot = 0;
+  /// Admissions that waited because optional pages could not cover the deficit.
   std::size_t waits_for_memory = 0;
+  /// Admissions that waited for host-store pages.
   std::size_t waits_for_host_pages = 0;
   std::size_t waits_for_reclaim = 0;   ///< CUDA backend: admissions waiting for reclaimed pages to retire
+  /// Requests completed.
   std::size_t completions = 0;
   std::size_t pages_mapped = 0;        ///< optional pages mapped (admission, append, repopulation)
   std::size_t pages_repopulated = 0;   ///< of pages_mapped: by repopulate()
   std::size_t pages_reclaimed = 0;     ///< optional pages taken back by whole-request reclaim
   std::size_t requests_reclaimed = 0;  ///< requests that lost their optional pages to reclaim
+  /// `repopulate()` calls.
   std::size_t repopulate_calls = 0;
+  /// True when every count is equal.
   friend bool operator==(const residency_counters&, const residency_counters&) = default;
 };
 
@@ -134,11 +146,17 @@ struct residency_counters {
 template <class Hierarchy, ResidencyPolicy Policy = typename Hierarchy::residency>
 class residency_manager {
  public:
+  /// The owned hierarchy type.
   using hierarchy_type = Hierarchy;
+  /// The residency policy.
   using policy = Policy;
+  /// The policy's optional members, with their defaults.
   using traits = residency_traits<Policy>;
+  /// The hierarchy's KV layout.
   using layout = typename Hierarchy::layout;
+  /// Number of payload sources.
   static constexpr std::size_t sources = Hierarchy::sources;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = Hierarchy::page_rows;
 
   /// Constructs the hierarchy from `hcfg` with the ledger of `rcfg`; throws invalid_configuration when one request's
@@ -282,6 +300,7 @@ class residency_manager {
     ++counters_.admissions;
     return result;
   }
+  /// As above, with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {
     return admit(id, std::span<const history_import>(history.begin(), history.size()));
   }

@@ -12,18 +12,25 @@ namespace dhisparse::layouts {
 
 /// Scaled-down GLM-5.3 shape for the decode demo: 3 sources with 4 + 3 + 3 payload layers, top-k 256.
 struct demo {
+  /// k: entries per selection.
   static constexpr std::size_t top_k = 256;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = 64;
+  /// Index-producer sources.
   static constexpr std::size_t producers = 3;
+  /// d_KV of every payload layer, in bytes.
   static constexpr std::size_t payload_row_bytes = 576;  // as GLM-5.3: 512 latent + 64 rope, fp8
+  /// Indexer key bytes per stored row.
   static constexpr std::size_t index_key_bytes = 132;    // as GLM-5.3: 128 fp8 + fp32 scale
 
+  /// Three sources of 4, 3 and 3 payload layers.
   static constexpr std::array<source_desc, producers> sources{{
       {payload_row_bytes, 1, 4, index_key_bytes},
       {payload_row_bytes, 1, 3, index_key_bytes},
       {payload_row_bytes, 1, 3, index_key_bytes},
   }};
 
+  /// Per source: a reindex consumer on payload layer 0, then a follower for each further layer.
   static constexpr std::array<consumer_desc, 10> consumers = [] {
     std::array<consumer_desc, 10> c{};
     std::size_t n = 0;

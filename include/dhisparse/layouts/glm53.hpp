@@ -12,12 +12,18 @@ namespace dhisparse::layouts {
 
 /// GLM-5.3-like layout: 21 index-producer sources of 4 or 3 payload layers (576-byte rows), top-k 2048.
 struct glm53 {
+  /// k: entries per selection.
   static constexpr std::size_t top_k = 2048;
+  /// p: rows per history page.
   static constexpr std::size_t page_rows = 64;
+  /// Index-producer sources.
   static constexpr std::size_t producers = 21;
+  /// d_KV of every payload layer, in bytes.
   static constexpr std::size_t payload_row_bytes = 576;   // 512 latent + 64 rope, fp8
+  /// Indexer key bytes per stored row.
   static constexpr std::size_t index_key_bytes = 132;     // 128 fp8 + fp32 scale per token
 
+  /// Sources 0-14 have 4 payload layers, sources 15-20 have 3.
   static constexpr std::array<source_desc, producers> sources = [] {
     std::array<source_desc, producers> s{};
     for (std::size_t i = 0; i < producers; ++i)
@@ -25,6 +31,7 @@ struct glm53 {
     return s;
   }();
 
+  /// Per source: a reindex consumer on payload layer 0, then a follower for each further layer.
   static constexpr std::array<consumer_desc, 78> consumers = [] {
     std::array<consumer_desc, 78> c{};
     std::size_t n = 0;

@@ -33,9 +33,13 @@ concept DraftRingPolicy = requires(std::size_t slot, std::uint64_t position) {
 template <std::size_t W, std::size_t KMax, std::size_t P>
 struct draft_ring {
   static_assert(P > 0 && KMax > 0, "dhisparse: DraftRing needs p > 0 and K_max > 0");
+  /// W: prior positions the drafter reads.
   static constexpr std::size_t window = W;
+  /// K_max: widest block (anchor + proposals).
   static constexpr std::size_t max_block = KMax;
+  /// p: page alignment of the ring, in rows.
   static constexpr std::size_t page_rows = P;
+  /// R_d: ring rows per request slot.
   static constexpr std::size_t rows_per_slot = static_cast<std::size_t>(draft_ring_rows(W, KMax, P));
   /// phi(i, t): physical row of draft position t in request slot i.
   DHISPARSE_HD static constexpr std::size_t address(std::size_t slot, std::uint64_t position) {

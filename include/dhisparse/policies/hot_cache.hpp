@@ -29,7 +29,9 @@ concept HotCachePolicy = requires {
 template <std::size_t B>
 struct lru_hot_cache {
   static_assert(B > 0, "dhisparse: HotCache<B> needs B > 0 rows");
+  /// B: cache rows per request and source.
   static constexpr std::size_t rows = B;
+  /// Unsigned type of an LRU order entry: 16-bit for B <= 65536, else 32-bit.
   using order_index = std::conditional_t<(B <= 65536), std::uint16_t, std::uint32_t>;
 };
 static_assert(HotCachePolicy<lru_hot_cache<4096>>);

@@ -30,7 +30,9 @@ enum class reclaim_order {
 
 /// No optional history: a request's GPU footprint is its hot cache and tail (HiSparse behaviour).
 struct fixed_budget_policy {
+  /// Requests keep no optional history on the GPU.
   static constexpr bool keeps_optional_history = false;
+  /// Policy name for messages and logs.
   static constexpr const char* name = "fixed-budget";
 };
 static_assert(ResidencyPolicy<fixed_budget_policy>);
@@ -41,10 +43,15 @@ static_assert(ResidencyPolicy<fixed_budget_policy>);
 template <reclaim_order Order = reclaim_order::most_recent_first, std::size_t PagesPerAttempt = 16>
 struct adaptive_policy {
   static_assert(PagesPerAttempt >= 1, "dhisparse: adaptive_policy needs PagesPerAttempt >= 1");
+  /// Complete imported pages may stay on the GPU as optional history.
   static constexpr bool keeps_optional_history = true;
+  /// Optional pages may be reclaimed under pressure.
   static constexpr bool pins_history = false;
+  /// Order in which whole requests give up their optional pages.
   static constexpr reclaim_order order = Order;
+  /// Most optional pages one `repopulate()` call maps.
   static constexpr std::size_t pages_per_attempt = PagesPerAttempt;
+  /// Policy name: "adaptive-mra" (most recent first) or "adaptive-lra".
   static constexpr const char* name = Order == reclaim_order::most_recent_first ? "adaptive-mra" : "adaptive-lra";
 };
 static_assert(ResidencyPolicy<adaptive_policy<>>);
@@ -53,8 +60,11 @@ static_assert(ResidencyPolicy<adaptive_policy<reclaim_order::least_recent_first,
 /// Resident serving: every complete page of every request stays on the GPU, never reclaimed;
 /// an admission waits until the request's whole history capacity fits.
 struct resident_policy {
+  /// Every complete page is kept on the GPU as optional history.
   static constexpr bool keeps_optional_history = true;
+  /// Optional pages are never reclaimed; admission reserves the whole history.
   static constexpr bool pins_history = true;
+  /// Policy name for messages and logs.
   static constexpr const char* name = "resident";
 };
 static_assert(ResidencyPolicy<resident_policy>);
@@ -62,15 +72,19 @@ static_assert(ResidencyPolicy<resident_policy>);
 /// The optional members of a residency policy, with their defaults.
 template <ResidencyPolicy P>
 struct residency_traits {
+  /// `P::keeps_optional_history`.
   static constexpr bool keeps_optional_history = static_cast<bool>(P::keeps_optional_history);
+  /// `P::pins_history`, or false when `P` has none.
   static constexpr bool pins_history = [] {
     if constexpr (requires { P::pins_history; }) return static_cast<bool>(P::pins_history);
     else return false;
   }();
+  /// `P::order`, or `reclaim_order::most_recent_first` when `P` has none.
   static constexpr reclaim_order order = [] {
     if constexpr (requires { P::order; }) return static_cast<reclaim_order>(P::order);
     else return reclaim_order::most_recent_first;
   }();
+  /// `P::pages_per_attempt`, or 16 when `P` has none.
   static constexpr std::size_t pages_per_attempt = [] {
     if constexpr (requires { P::pages_per_attempt; }) return static_cast<std::size_t>(P::pages_per_attempt);
     else return std::size_t{16};

@@ -25,6 +25,7 @@ concept StagingArenaPolicy = requires(std::size_t n) {
 
 /// Staging rows inside each payload layer's pool (no sharing; `bytes` counts no shared arena).
 struct dedicated_staging {
+  /// Staging rows live in each payload layer's own pool.
   static constexpr bool shared = false;
   static constexpr std::size_t arenas = 0;  ///< none shared: one region per payload layer, in its pool
   /// Rows one payload layer reserves for one request slot.
@@ -40,7 +41,9 @@ static_assert(StagingArenaPolicy<dedicated_staging>);
 template <std::size_t Chi>
 struct staging_arenas {
   static_assert(Chi > 0, "dhisparse: StagingArena<chi> needs chi >= 1");
+  /// Staging rows live in arenas shared by every source.
   static constexpr bool shared = true;
+  /// chi: number of shared arenas (payload layer l of the verified source uses arena l).
   static constexpr std::size_t arenas = Chi;
   /// Rows one arena reserves for one request slot.
   static constexpr std::size_t rows_per_slot(std::size_t max_block, std::size_t top_k) {

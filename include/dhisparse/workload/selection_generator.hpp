@@ -107,6 +107,7 @@ struct miss_target {
 struct selection_summary {
   std::size_t entries = 0;  ///< entries other than -1: min(top_k, frontier)
   std::size_t fresh = 0;    ///< entries that were fresh rows when generated (miss-target mode only)
+  /// Adds `o`'s counts.
   selection_summary& operator+=(const selection_summary& o) {
     entries += o.entries;
     fresh += o.fresh;
@@ -117,7 +118,9 @@ struct selection_summary {
 /// The generator's random stream: splitmix64 (Steele, Lea, Flood 2014), tiny state, passes
 /// BigCrush, fully specified, so every platform draws the same numbers.
 struct splitmix64 {
+  /// Generator state: the seed before the first draw.
   std::uint64_t state = 0;
+  /// Next 64 random bits.
   constexpr std::uint64_t next() {
     std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -131,6 +134,7 @@ struct splitmix64 {
     const auto v = static_cast<std::uint64_t>(uniform() * static_cast<double>(n));
     return v < n ? v : n - 1;
   }
+  /// True with probability `p`.
   bool chance(double p) { return uniform() < p; }
 };
 
