@@ -498,27 +498,47 @@ __global__ void __cluster_dims__(1, 1, 1) __launch_bounds__(kBlock) step_cluster
 int g_ctas = 1;  // CTAs (requests) per launch
 constexpr int kStages = 20;
 
-template <int Stage>
-float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
+// Median event time of `launch(stream)`, the L2 flushed before every launch.
+template <class Launch>
+float median_flushed_us(void* flush, size_t flush_bytes, cudaStream_t st, Launch launch) {
   return probes::median_launch_us(
-      st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
-      [&](cudaStream_t q) { step<Stage><<<g_ctas, kBlock, 0, q>>>(s); });
+      st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); }, launch);
 }
 
-template <int N>  // N = 0: step_unclustered, -1: step_cluster_launch_only, -2 / -3: empty kernels,
-                  // 10 V + n: clusters of n, variant V
-float median_cluster_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
-  return probes::median_launch_us(
-      st, [&](cudaStream_t q, int i) { DHB_CHECK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, q)); },
-      [&](cudaStream_t q) {
-        if constexpr (N == 0) step_unclustered<<<g_ctas, kBlock, 0, q>>>(s);
-        else if constexpr (N == -1) step_cluster_launch_only<<<g_ctas, kBlock, 0, q>>>(s);
-        else if constexpr (N == -2) empty_plain<<<g_ctas, kBlock, 0, q>>>();
-        else if constexpr (N == -3) empty_cluster<8><<<g_ctas * 8, kBlock, 0, q>>>();
-        else if constexpr (N >= 10) step_cluster<N % 10, N / 10><<<g_ctas * (N % 10), kBlock, 0, q>>>(s);
-        else step_cluster<N><<<g_ctas * N, kBlock, 0, q>>>(s);
-      });
+template <int Stage>
+float median_us(const state& s, void* flush, size_t flush_bytes, cudaStream_t st) {
+  return median_flushed_us(flush, flush_bytes, st, [&](cudaStream_t q) { step<Stage><<<g_ctas, kBlock, 0, q>>>(s); });
 }
+
+// The cluster stages: each a table row's name and a launch for g_ctas requests.
+struct cluster_stage {
+  const char* name;
+  void (*launch)(const state&, cudaStream_t);
+};
+template <int N, int Variant = 0>
+void launch_split(const state& s, cudaStream_t q) {
+  step_cluster<N, Variant><<<g_ctas * N, kBlock, 0, q>>>(s);
+}
+constexpr cluster_stage kClusterStages[] = {
+    {"full, cluster of 1 CTA", launch_split<1>},
+    {"full, cluster of 2 CTAs", launch_split<2>},
+    {"full, cluster of 4 CTAs", launch_split<4>},
+    {"full, cluster of 8 CTAs", launch_split<8>},
+    {"full, split code, no cluster",
+     [](const state& s, cudaStream_t q) { step_unclustered<<<g_ctas, kBlock, 0, q>>>(s); }},
+    {"full, cluster launch, no cluster sync",
+     [](const state& s, cudaStream_t q) { step_cluster_launch_only<<<g_ctas, kBlock, 0, q>>>(s); }},
+    {"empty kernel", [](const state&, cudaStream_t q) { empty_plain<<<g_ctas, kBlock, 0, q>>>(); }},
+    {"empty kernel, clusters of 8", [](const state&, cudaStream_t q) { empty_cluster<8><<<g_ctas * 8, kBlock, 0, q>>>(); }},
+    {"cluster of 1, relaxed barriers", launch_split<1, 1>},
+    {"cluster of 8, relaxed barriers", launch_split<8, 1>},
+    {"cluster of 1, host loads last", launch_split<1, 2>},
+    {"cluster of 8, host loads last", launch_split<8, 2>},
+    {"cluster of 1, fenced writers", launch_split<1, 3>},
+    {"cluster of 4, fenced writers", launch_split<4, 3>},
+    {"cluster of 8, fenced writers", launch_split<8, 3>},
+};
+constexpr int kClusterStageCount = sizeof(kClusterStages) / sizeof(kClusterStages[0]);
 
 template <int... Stage>
 void median_all(float* t, const state& s, void* flush, size_t flush_bytes, cudaStream_t st, std::integer_sequence<int, Stage...>) {
@@ -581,7 +601,7 @@ int main(int argc, char** argv) {
   DHB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int zero = 0;
 
-  float t[2][kStages] = {}, tc[2][15] = {};
+  float t[2][kStages] = {}, tc[2][kClusterStageCount] = {};
   for (int spread = 0; spread < 2; ++spread) {
     // Packed: consecutive, all within the first 2 MiB page; spread: 16 MiB apart.
     char* at[kArrays];
@@ -605,21 +625,8 @@ int main(int argc, char** argv) {
                   reinterpret_cast<const int*>(at[7]), reinterpret_cast<const int*>(at[8]),
                   reinterpret_cast<const int*>(at[9]), reinterpret_cast<const unsigned short*>(at[10])};
     median_all(t[spread], s, flush, flush_bytes, st, std::make_integer_sequence<int, kStages>{});
-    tc[spread][0] = median_cluster_us<1>(s, flush, flush_bytes, st);
-    tc[spread][1] = median_cluster_us<2>(s, flush, flush_bytes, st);
-    tc[spread][2] = median_cluster_us<4>(s, flush, flush_bytes, st);
-    tc[spread][3] = median_cluster_us<8>(s, flush, flush_bytes, st);
-    tc[spread][4] = median_cluster_us<0>(s, flush, flush_bytes, st);
-    tc[spread][5] = median_cluster_us<-1>(s, flush, flush_bytes, st);
-    tc[spread][6] = median_cluster_us<-2>(s, flush, flush_bytes, st);
-    tc[spread][7] = median_cluster_us<-3>(s, flush, flush_bytes, st);
-    tc[spread][8] = median_cluster_us<11>(s, flush, flush_bytes, st);
-    tc[spread][9] = median_cluster_us<18>(s, flush, flush_bytes, st);
-    tc[spread][10] = median_cluster_us<21>(s, flush, flush_bytes, st);
-    tc[spread][11] = median_cluster_us<28>(s, flush, flush_bytes, st);
-    tc[spread][12] = median_cluster_us<31>(s, flush, flush_bytes, st);
-    tc[spread][13] = median_cluster_us<34>(s, flush, flush_bytes, st);
-    tc[spread][14] = median_cluster_us<38>(s, flush, flush_bytes, st);
+    for (int i = 0; i < kClusterStageCount; ++i)
+      tc[spread][i] = median_flushed_us(flush, flush_bytes, st, [&](cudaStream_t q) { kClusterStages[i].launch(s, q); });
   }
   const char* names[kStages] = {"index (resident)", "+ page table, reverse map", "+ LRU order scan", "+ 2 host rows",
                          "lookups + 2 host rows, no LRU", "host loads overlapping the LRU", "page table only",
@@ -632,14 +639,7 @@ int main(int argc, char** argv) {
   std::printf("C = %d step floor, L2 flushed, median of 200 (us)\n", g_ctas);
   std::printf("  %-32s %8s %8s\n", "", "packed", "spread");
   for (int i = 0; i < kStages; ++i) std::printf("  %-32s %8.2f %8.2f\n", names[i], t[0][i], t[1][i]);
-  const char* cluster_names[] = {"full, cluster of 1 CTA", "full, cluster of 2 CTAs", "full, cluster of 4 CTAs",
-                                 "full, cluster of 8 CTAs", "full, split code, no cluster",
-                                 "full, cluster launch, no cluster sync",
-                                 "empty kernel", "empty kernel, clusters of 8",
-                                 "cluster of 1, relaxed barriers", "cluster of 8, relaxed barriers",
-                                 "cluster of 1, host loads last", "cluster of 8, host loads last",
-                                 "cluster of 1, fenced writers", "cluster of 4, fenced writers",
-                                 "cluster of 8, fenced writers"};
-  for (int i = 0; i < 15; ++i) std::printf("  %-32s %8.2f %8.2f\n", cluster_names[i], tc[0][i], tc[1][i]);
+  for (int i = 0; i < kClusterStageCount; ++i)
+    std::printf("  %-32s %8.2f %8.2f\n", kClusterStages[i].name, tc[0][i], tc[1][i]);
   return 0;
 }
