@@ -43,6 +43,7 @@ constexpr std::size_t kRowsScale = DHISPARSE_EXACTNESS_ROWS;
 
 using namespace dhisparse;
 using dhisparse_testing::predicted_resolve;
+using dhisparse_testing::model_geometry;
 using dhisparse_testing::reference_hierarchy;
 using dhisparse_testing::resolved_from;
 using dhisparse_testing::test_rng;
@@ -62,7 +63,18 @@ class exactness_run {
   static constexpr std::size_t S = H::sources;
 
   exactness_run(const hierarchy_config& cfg, std::uint64_t seed)
-      : h_(cfg), ref_(h_.space(), S, h_.config().max_rows, h_.config().host_pages), rng_(seed) {
+      : h_(cfg),
+        ref_(model_geometry::of(cfg, Hot::rows, Layout::page_rows), S, cfg.max_rows,
+             model_geometry::host_pages_of(cfg, Layout::page_rows)),
+        rng_(seed) {
+    // the library's pool geometry agrees with the one the model derived from the configuration
+    const auto& sp = h_.space();
+    const auto& g = ref_.space();
+    REQUIRE(sp.slots == g.slots);
+    REQUIRE(sp.hot_rows == g.hot_rows);
+    REQUIRE(sp.tail_rows == g.tail_ring);
+    REQUIRE(sp.optional_pages == g.optional_pages);
+    REQUIRE(sp.page_rows == g.page_rows);
     for (std::size_t s = 0; s < S; ++s) {
       initial_free_host_[s] = h_.free_host_pages(s);
       initial_free_optional_[s] = h_.free_optional_pages(s);
@@ -192,7 +204,7 @@ class exactness_run {
       const std::int32_t g = ref_.model(id, s).optional_pages().at(page);
       for (std::size_t i = 0; i < Layout::page_rows; ++i) {
         const auto row = static_cast<row_index>(page * Layout::page_rows + i);
-        const location loc = h_.space().optional(static_cast<std::size_t>(g), row);
+        const location loc = ref_.space().optional(static_cast<std::size_t>(g), row);
         for (std::size_t l = 0; l < layers(s); ++l) check_bytes(id, s, l, row, loc);
       }
     }
@@ -269,8 +281,9 @@ class exactness_run {
 
     // --- locations, stats and plan against the model; stats against observable state
     resolve_stats want_total;
-    const std::size_t hot_end = h_.space().slots * h_.space().hot_rows;
-    const std::size_t tail_end = h_.space().slots * (h_.space().hot_rows + h_.space().tail_rows);
+    const auto& geo = ref_.space();
+    const std::size_t hot_end = geo.slots * geo.hot_rows;
+    const std::size_t tail_end = geo.slots * (geo.hot_rows + geo.tail_ring);
     std::size_t entries_direct = 0, entries_hot = 0, entries_host = 0, distinct_misses = 0;
     for (std::size_t b = 0; b < batch.size(); ++b) {
       const auto& [id, sel] = batch[b];
@@ -286,14 +299,14 @@ class exactness_run {
         if (sel[i] == no_row) continue;
         const auto loc = static_cast<std::size_t>(locs[b][i]);
         if (loc < hot_end) {
-          if (loc / h_.space().hot_rows != slot) REQUIRE(loc / h_.space().hot_rows == slot);  // own hot slots
+          if (loc / geo.hot_rows != slot) REQUIRE(loc / geo.hot_rows == slot);  // own hot slots
           if (cached_before[b].count(sel[i])) ++entries_hot;
           else { ++entries_host; missed_rows.insert(sel[i]); }
         } else {
           ++entries_direct;
           if (loc >= tail_end) ++totals_.optional_direct;
-          else if ((loc - hot_end) / h_.space().tail_rows != slot)
-            REQUIRE((loc - hot_end) / h_.space().tail_rows == slot);  // own tail ring
+          else if ((loc - hot_end) / geo.tail_ring != slot)
+            REQUIRE((loc - hot_end) / geo.tail_ring == slot);  // own tail ring
         }
       }
       distinct_misses += missed_rows.size();

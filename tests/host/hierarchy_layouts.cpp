@@ -130,7 +130,9 @@ step_totals run_steps(const hierarchy_config& cfg, std::size_t requests, std::si
                       std::uint64_t seed) {
   using H = host_hierarchy<Layout, Hot>;
   H h(cfg);
-  dhisparse_testing::reference_hierarchy ref(h.space(), H::sources, h.config().max_rows, h.config().host_pages);
+  using dhisparse_testing::model_geometry;
+  dhisparse_testing::reference_hierarchy ref(model_geometry::of(cfg, Hot::rows, Layout::page_rows), H::sources,
+                                             cfg.max_rows, model_geometry::host_pages_of(cfg, Layout::page_rows));
   dhisparse_testing::test_rng rng(seed);
   step_totals t;
   std::vector<request_id> ids;

@@ -40,6 +40,7 @@ constexpr std::size_t kCalls = DHISPARSE_LRU_CALLS;
 #endif
 
 using namespace dhisparse;
+using dhisparse_testing::model_geometry;
 using dhisparse_testing::reference_hierarchy;
 using dhisparse_testing::test_rng;
 using dhisparse_testing::two_source_layout;
@@ -159,13 +160,14 @@ TEST_CASE("LRU: a hand-worked sequence on tiny/16", "[hierarchy][lru]") {
   cfg.max_requests = 2;
   cfg.max_rows = 128;  // tail: one page, 8 rows
   H h(cfg);
+  const auto geo = model_geometry::of(cfg, 16, layouts::tiny::page_rows);  // the test's own arithmetic
   const request_id a = 11, b = 22;
   REQUIRE(h.admit(a).slot == 0);
   REQUIRE(h.admit(b).slot == 1);
   append_rows(h, a, 0, 64);  // rows 0..55 history, 56..63 tail
   append_rows(h, b, 0, 64);
   const std::size_t slot = h.slot_of(a);
-  auto hot = [&](std::size_t way) { return h.space().hot(slot, way); };
+  auto hot = [&](std::size_t way) { return geo.hot(slot, way); };
   auto order = [&] { return as_size(h.lru_order_of(a, 0)); };
   auto rows = [&] { return vec(h.hot_rows_of(a, 0)); };
 
@@ -181,7 +183,7 @@ TEST_CASE("LRU: a hand-worked sequence on tiny/16", "[hierarchy][lru]") {
   //    selection order; tail rows and -1 do not touch the cache.
   resolve_stats st;
   auto loc = resolve(h, a, 0, {3, 60, 1, -1, 2, 0, 3}, &st);
-  REQUIRE(loc == std::vector<location>{hot(3), h.space().tail(slot, 60), hot(1), -1, hot(2), hot(0), hot(3)});
+  REQUIRE(loc == std::vector<location>{hot(3), geo.tail(slot, 60), hot(1), -1, hot(2), hot(0), hot(3)});
   REQUIRE(st.selected == 6);
   REQUIRE(st.direct == 1);
   REQUIRE(st.host == 5);  // entries, the duplicate 3 counts twice
@@ -255,6 +257,7 @@ TEST_CASE("LRU: direct rows do not touch the cache, even when also cached", "[hi
   cfg.max_rows = 128;
   cfg.optional_pages = 2;
   H h(cfg);
+  const auto geo = model_geometry::of(cfg, 16, layouts::tiny::page_rows);  // the test's own arithmetic
   const request_id a = 5;
   h.admit(a);
   append_rows(h, a, 1, 64);
@@ -278,9 +281,9 @@ TEST_CASE("LRU: direct rows do not touch the cache, even when also cached", "[hi
   loc = resolve(h, a, 1, {8, 30, 9}, &st);
   REQUIRE(st.direct == 2);
   REQUIRE(st.host == 1);
-  REQUIRE(loc[0] == h.space().optional(0, 8));
-  REQUIRE(loc[2] == h.space().optional(0, 9));
-  REQUIRE(loc[1] == h.space().hot(slot, 0));  // slot 0 held row 8: the LRU slot, unprotected
+  REQUIRE(loc[0] == geo.optional(0, 8));
+  REQUIRE(loc[2] == geo.optional(0, 9));
+  REQUIRE(loc[1] == geo.hot(slot, 0));  // slot 0 held row 8: the LRU slot, unprotected
   REQUIRE(h.hot_rows_of(a, 1)[0] == 30);
   REQUIRE(h.hot_rows_of(a, 1)[1] == 9);  // still cached, not refreshed
   REQUIRE(h.lru_order_of(a, 1)[0] == 1);
@@ -294,7 +297,7 @@ TEST_CASE("LRU: direct rows do not touch the cache, even when also cached", "[hi
   loc = resolve(h, a, 1, {9, 8}, &st);
   REQUIRE(st.hot == 1);
   REQUIRE(st.host == 1);
-  REQUIRE(loc[0] == h.space().hot(slot, 1));
+  REQUIRE(loc[0] == geo.hot(slot, 1));
 }
 
 TEST_CASE("LRU: a completed and re-admitted slot starts empty", "[hierarchy][lru]") {
@@ -303,6 +306,7 @@ TEST_CASE("LRU: a completed and re-admitted slot starts empty", "[hierarchy][lru
   cfg.max_requests = 2;
   cfg.max_rows = 64;
   H h(cfg);
+  const auto geo = model_geometry::of(cfg, 16, layouts::tiny::page_rows);  // the test's own arithmetic
   h.admit(1);
   append_rows(h, 1, 0, 40);
   resolve(h, 1, 0, {5, 3, 1});
@@ -314,7 +318,7 @@ TEST_CASE("LRU: a completed and re-admitted slot starts empty", "[hierarchy][lru
   resolve_stats st;
   const auto loc = resolve(h, 1, 0, {3}, &st);
   REQUIRE(st.host == 1);  // the old incarnation's row 3 is not a hit
-  REQUIRE(loc[0] == h.space().hot(0, 0));
+  REQUIRE(loc[0] == geo.hot(0, 0));
   REQUIRE(dhisparse_testing::row_matches(h.payload(0, 1, loc[0]), dhisparse_testing::request_tag(1, 1), 0, 1, 3));
 }
 
@@ -332,7 +336,8 @@ differential_totals run_differential(const hierarchy_config& cfg, std::uint64_t 
   using H = host_hierarchy<Layout, Hot>;
   constexpr std::size_t S = H::sources;
   H h(cfg);
-  reference_hierarchy ref(h.space(), S, h.config().max_rows, h.config().host_pages);
+  reference_hierarchy ref(model_geometry::of(cfg, Hot::rows, Layout::page_rows), S, cfg.max_rows,
+                          model_geometry::host_pages_of(cfg, Layout::page_rows));
   test_rng rng(seed);
   differential_totals t;
   std::uint64_t next_id = 1;

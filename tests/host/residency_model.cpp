@@ -30,7 +30,9 @@ using dhisparse_testing::request_tag;
 using dhisparse_testing::test_rng;
 using H = host_hierarchy<layouts::tiny, lru_hot_cache<16>>;
 constexpr std::size_t kSources = H::sources;
-constexpr std::size_t kPageRows = H::page_rows;
+// The model's own geometry: layouts::tiny stores 8 rows a page (checked once, not read from the library).
+constexpr std::size_t kPageRows = 8;
+static_assert(H::page_rows == kPageRows, "residency model: layouts::tiny changed its page size");
 
 #ifndef DHISPARSE_RESIDENCY_OPS
 #  if defined(__SANITIZE_ADDRESS__)
@@ -47,6 +49,15 @@ struct model_config {
   std::uint64_t seed = 1;
 };
 
+/// What each policy promises, restated by the test from policies/residency.hpp and docs/residency.md
+/// (the model does not read the library's residency_traits).
+struct policy_rules {
+  bool keeps_optional_history = false;  ///< complete imported pages may stay as optional history
+  bool pins_history = false;            ///< every complete page stays, never reclaimed
+  reclaim_order order = reclaim_order::most_recent_first;
+  std::size_t pages_per_attempt = 16;   ///< the documented default
+};
+
 /// The reference: what the ledger and every request's optional pages must be.
 struct ref_request {
   request_id id = 0;
@@ -54,9 +65,8 @@ struct ref_request {
   std::array<std::size_t, kSources> mapped{};
 };
 
-template <class Policy>
 struct reference {
-  using traits = residency_traits<Policy>;
+  policy_rules rules;
   model_config cfg;
   std::size_t pin = 0;  // pinned pages per request
   std::vector<ref_request> admitted;  // admission order
@@ -64,7 +74,7 @@ struct reference {
 
   std::size_t req(std::size_t s) const {
     std::size_t r = 0;
-    for (const auto& a : admitted) r += cfg.required + (traits::pins_history ? pin - a.mapped[s] : 0);
+    for (const auto& a : admitted) r += cfg.required + (rules.pins_history ? pin - a.mapped[s] : 0);
     return r;
   }
   std::size_t opt(std::size_t s) const {
@@ -74,8 +84,8 @@ struct reference {
   }
   std::size_t spare(std::size_t s) const { return cfg.optional_pages - req(s) - opt(s) - cfg.reserve; }
   std::size_t eligible(const ref_request& a, std::size_t s) const {
-    if (traits::pins_history) return static_cast<std::size_t>(a.frontier[s]) / kPageRows;
-    if (traits::keeps_optional_history) return static_cast<std::size_t>(a.imported[s]) / kPageRows;
+    if (rules.pins_history) return static_cast<std::size_t>(a.frontier[s]) / kPageRows;
+    if (rules.keeps_optional_history) return static_cast<std::size_t>(a.imported[s]) / kPageRows;
     return 0;
   }
   ref_request* find(request_id id) {
@@ -107,9 +117,9 @@ struct reference {
     std::vector<ref_request*> victims;
     std::vector<ref_request*> walk;
     for (auto& a : admitted) walk.push_back(&a);
-    if (traits::order == reclaim_order::most_recent_first) std::reverse(walk.begin(), walk.end());
+    if (rules.order == reclaim_order::most_recent_first) std::reverse(walk.begin(), walk.end());
     for (ref_request* a : walk) {
-      if (covers() || traits::pins_history) break;
+      if (covers() || rules.pins_history) break;
       if (a->mapped[0] + a->mapped[1] == 0) continue;
       victims.push_back(a);
       for (std::size_t s = 0; s < kSources; ++s) covered[s] += a->mapped[s];
@@ -136,8 +146,8 @@ struct reference {
     auto& a = admitted.back();
     for (std::size_t s = 0; s < kSources; ++s) {
       const std::size_t complete = static_cast<std::size_t>(rows) / kPageRows;
-      a.mapped[s] = traits::pins_history ? complete
-                    : traits::keeps_optional_history ? std::min(spare(s), complete)
+      a.mapped[s] = rules.pins_history ? complete
+                    : rules.keeps_optional_history ? std::min(spare(s), complete)
                                                      : 0;
       r.mapped_pages += a.mapped[s];
     }
@@ -149,16 +159,16 @@ struct reference {
 };
 
 template <class Policy>
-void run_model(const model_config& mc, std::size_t ops) {
-  using traits = residency_traits<Policy>;
+void run_model(const model_config& mc, const policy_rules& rules, std::size_t ops) {
   hierarchy_config hc;
   hc.max_requests = mc.max_requests;
   hc.max_rows = mc.max_rows;
   hc.optional_pages = mc.optional_pages;
   residency_manager<H, Policy> m(hc, {mc.required, mc.reserve});
-  reference<Policy> ref;
+  reference ref;
+  ref.rules = rules;
   ref.cfg = mc;
-  ref.pin = traits::pins_history ? mc.max_rows / kPageRows : 0;
+  ref.pin = rules.pins_history ? mc.max_rows / kPageRows : 0;
   const std::size_t host_pages_total = m.hierarchy().config().host_pages;
 
   test_rng rng(mc.seed);
@@ -279,7 +289,7 @@ void run_model(const model_config& mc, std::size_t ops) {
                                                              a.frontier[s], 1);
       m.append(a.id, s, row, 1);
       ++a.frontier[s];
-      if (traits::pins_history && a.frontier[s] % static_cast<std::int64_t>(kPageRows) == 0) {
+      if (rules.pins_history && a.frontier[s] % static_cast<std::int64_t>(kPageRows) == 0) {
         ++a.mapped[s];  // a pinning policy maps each page the append completes
         ++ref.counters.pages_mapped;
       }
@@ -291,10 +301,10 @@ void run_model(const model_config& mc, std::size_t ops) {
     for (std::size_t s = 0; s < kSources; ++s) {
       spare[s] = ref.spare(s);
       for (const auto& a : ref.admitted) unmapped[s] += ref.eligible(a, s) - a.mapped[s];
-      want += traits::pins_history ? unmapped[s] : std::min(spare[s], unmapped[s]);
+      want += rules.pins_history ? unmapped[s] : std::min(spare[s], unmapped[s]);
     }
-    want = std::min(want, traits::pages_per_attempt);
-    if (!traits::keeps_optional_history) want = 0;
+    want = std::min(want, rules.pages_per_attempt);
+    if (!rules.keeps_optional_history) want = 0;
     const std::size_t got = m.repopulate();
     REQUIRE(got == want);
     repopulated += got;
@@ -306,7 +316,7 @@ void run_model(const model_config& mc, std::size_t ops) {
         gained[s] += now - a.mapped[s];
         a.mapped[s] = now;
       }
-    for (std::size_t s = 0; s < kSources; ++s) REQUIRE(gained[s] <= (traits::pins_history ? unmapped[s] : spare[s]));
+    for (std::size_t s = 0; s < kSources; ++s) REQUIRE(gained[s] <= (rules.pins_history ? unmapped[s] : spare[s]));
     REQUIRE(gained[0] + gained[1] == got);
     ref.counters.pages_mapped += got;
   };
@@ -370,23 +380,25 @@ void run_model(const model_config& mc, std::size_t ops) {
               c.requests_reclaimed);
   // the workload exercised what it is meant to
   CHECK(c.admissions_waited > 0);
-  if constexpr (traits::keeps_optional_history && !traits::pins_history) {
+  if (rules.keeps_optional_history && !rules.pins_history) {
     CHECK(c.requests_reclaimed > 0);
     CHECK(c.pages_repopulated > 0);
   }
-  if constexpr (traits::pins_history) CHECK(c.pages_reclaimed == 0);
-  if constexpr (!traits::keeps_optional_history) CHECK(c.pages_mapped == 0);
+  if (rules.pins_history) CHECK(c.pages_reclaimed == 0);
+  if (!rules.keeps_optional_history) CHECK(c.pages_mapped == 0);
 }
 
 }  // namespace
 
 TEST_CASE("residency manager against a reference ledger model, 10^6 random operations", "[residency][model]") {
   SECTION("adaptive, most recently admitted reclaimed first, 3 pages per attempt") {
-    run_model<adaptive_policy<reclaim_order::most_recent_first, 3>>({8, 64, 24, 3, 2, 11}, kOpsPerPolicy);
+    run_model<adaptive_policy<reclaim_order::most_recent_first, 3>>(
+        {8, 64, 24, 3, 2, 11}, {true, false, reclaim_order::most_recent_first, 3}, kOpsPerPolicy);
   }
   SECTION("adaptive, least recently admitted reclaimed first, 1 page per attempt") {
-    run_model<adaptive_policy<reclaim_order::least_recent_first, 1>>({8, 64, 30, 2, 1, 22}, kOpsPerPolicy);
+    run_model<adaptive_policy<reclaim_order::least_recent_first, 1>>(
+        {8, 64, 30, 2, 1, 22}, {true, false, reclaim_order::least_recent_first, 1}, kOpsPerPolicy);
   }
-  SECTION("fixed budget") { run_model<fixed_budget_policy>({8, 64, 20, 3, 2, 33}, kOpsPerPolicy); }
-  SECTION("resident") { run_model<resident_policy>({8, 64, 40, 1, 2, 44}, kOpsPerPolicy); }
+  SECTION("fixed budget") { run_model<fixed_budget_policy>({8, 64, 20, 3, 2, 33}, {false, false}, kOpsPerPolicy); }
+  SECTION("resident") { run_model<resident_policy>({8, 64, 40, 1, 2, 44}, {true, true}, kOpsPerPolicy); }
 }

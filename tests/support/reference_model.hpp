@@ -2,7 +2,8 @@
 /// \file
 /// A deliberately naive, independent reference model of the host hierarchy's observable state,
 /// written from the documentation (policies/hot_cache.hpp, host/hierarchy.hpp, location_space.hpp),
-/// not from the implementation. A disagreement with `host_hierarchy` exposes a bug in one of them.
+/// not from the implementation: it includes no library header but the vocabulary types, and does its
+/// own location arithmetic (model_geometry). A disagreement with `host_hierarchy` exposes a bug in one of them.
 ///
 /// ## The hot-cache rule, restated with timestamps
 /// The documentation keeps an order list per (request, source), least recently used first, and
@@ -45,13 +46,62 @@
 #include <vector>
 
 #include <dhisparse/hierarchy_types.hpp>
-#include <dhisparse/location_space.hpp>
 #include <dhisparse/types.hpp>
 
 namespace dhisparse_testing {
 
 using dhisparse::location;
 using dhisparse::row_index;
+
+/// The pool geometry the model expects, with its own location arithmetic, restated from the
+/// documented layout (location_space.hpp's file comment) rather than taken from the library:
+///
+///   [ hot: N x B | tail: N x (T + K_max when speculative) | optional: P x p | staging ]
+///
+/// Built from the configuration the test chose; the library's `space()` must agree with it.
+struct model_geometry {
+  std::size_t slots = 0;           ///< N
+  std::size_t hot_rows = 0;        ///< B
+  std::size_t tail_window = 0;     ///< T: committed rows that resolve to the tail
+  std::size_t tail_ring = 0;       ///< ring rows per slot: T, plus K_max with speculation
+  std::size_t optional_pages = 0;  ///< P
+  std::size_t page_rows = 0;       ///< p
+
+  /// Geometry for `cfg` (tail_rows 0 means one page, as documented), B hot rows and p rows a page.
+  static model_geometry of(const dhisparse::hierarchy_config& cfg, std::size_t hot_rows, std::size_t page_rows) {
+    model_geometry g;
+    g.slots = cfg.max_requests;
+    g.hot_rows = hot_rows;
+    g.tail_window = cfg.tail_rows == 0 ? page_rows : cfg.tail_rows;
+    g.tail_ring = g.tail_window + (cfg.max_block > 1 ? cfg.max_block : 0);
+    g.optional_pages = cfg.optional_pages;
+    g.page_rows = page_rows;
+    return g;
+  }
+
+  /// Host pages per source for `cfg`: 0 means every slot at full capacity, as documented.
+  static std::size_t host_pages_of(const dhisparse::hierarchy_config& cfg, std::size_t page_rows) {
+    return cfg.host_pages != 0 ? cfg.host_pages : cfg.max_requests * ((cfg.max_rows + page_rows - 1) / page_rows);
+  }
+
+  [[nodiscard]] location hot(std::size_t slot, std::size_t way) const {
+    return checked(slot * hot_rows + way);
+  }
+  [[nodiscard]] location tail(std::size_t slot, std::int64_t row) const {
+    const std::size_t region = slots * hot_rows;
+    return checked(region + slot * tail_ring + static_cast<std::size_t>(row % static_cast<std::int64_t>(tail_ring)));
+  }
+  [[nodiscard]] location optional(std::size_t pool_page, std::int64_t row) const {
+    const std::size_t region = slots * hot_rows + slots * tail_ring;
+    return checked(region + pool_page * page_rows + static_cast<std::size_t>(row % static_cast<std::int64_t>(page_rows)));
+  }
+
+ private:
+  static location checked(std::size_t v) {
+    if (v > 0x7fffffffu) throw std::logic_error("reference model: location past int32");
+    return static_cast<location>(v);
+  }
+};
 
 /// Where the model expects a selection entry to resolve.
 enum class resolved_from : std::uint8_t { none, tail, optional, hot, host };
@@ -84,7 +134,7 @@ struct predicted_resolve {
 class reference_request_model {
  public:
   reference_request_model() = default;
-  reference_request_model(const dhisparse::location_space& space, std::size_t slot)
+  reference_request_model(const model_geometry& space, std::size_t slot)
       : space_(space), slot_(slot) {
     reset();
   }
@@ -103,7 +153,7 @@ class reference_request_model {
   [[nodiscard]] std::size_t slot() const { return slot_; }
   [[nodiscard]] std::size_t page_rows() const { return space_.page_rows; }
   [[nodiscard]] std::size_t hot_capacity() const { return space_.hot_rows; }
-  [[nodiscard]] std::int64_t tail_begin() const { return frontier_ - static_cast<std::int64_t>(space_.tail_rows); }
+  [[nodiscard]] std::int64_t tail_begin() const { return frontier_ - static_cast<std::int64_t>(space_.tail_window); }
   void append(std::size_t count) { frontier_ += static_cast<std::int64_t>(count); }
 
   /// Optional map: history page -> pool page.
@@ -230,7 +280,7 @@ class reference_request_model {
     return {slots_[j].tick, slots_[j].rank};
   }
 
-  dhisparse::location_space space_{};
+  model_geometry space_{};
   std::size_t slot_ = 0;
   std::int64_t frontier_ = 0;
   std::int64_t tick_ = 0;
@@ -243,7 +293,7 @@ class reference_request_model {
 /// reference_request_model per (slot, source).
 class reference_hierarchy {
  public:
-  reference_hierarchy(const dhisparse::location_space& space, std::size_t sources, std::size_t max_rows,
+  reference_hierarchy(const model_geometry& space, std::size_t sources, std::size_t max_rows,
                       std::size_t host_pages_per_source)
       : space_(space), sources_(sources), max_rows_(max_rows), host_pages_(host_pages_per_source) {
     for (std::size_t s = 0; s < space.slots; ++s) free_slots_.insert(s);
@@ -257,7 +307,7 @@ class reference_hierarchy {
       for (std::size_t src = 0; src < sources; ++src) models_[s].emplace_back(space, s);
   }
 
-  [[nodiscard]] const dhisparse::location_space& space() const { return space_; }
+  [[nodiscard]] const model_geometry& space() const { return space_; }
   [[nodiscard]] bool contains(std::uint64_t id) const { return slot_of_.count(id) != 0; }
   [[nodiscard]] std::size_t slot_of(std::uint64_t id) const { return slot_of_.at(id); }
   [[nodiscard]] std::size_t admitted_count() const { return slot_of_.size(); }
@@ -349,7 +399,7 @@ class reference_hierarchy {
     return (static_cast<std::size_t>(rows) + space_.page_rows - 1) / space_.page_rows;
   }
 
-  dhisparse::location_space space_;
+  model_geometry space_;
   std::size_t sources_ = 0, max_rows_ = 0, host_pages_ = 0;
   std::set<std::size_t> free_slots_;
   std::map<std::uint64_t, std::size_t> slot_of_;
