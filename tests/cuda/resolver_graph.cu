@@ -3,6 +3,8 @@
 // steps with new selections, batch members and counts written into the same buffers between
 // replays. A twin hierarchy runs the same steps through the eager path; both must agree on every
 // location, per-entry stats, cache state and pool byte, and the graph must report bad entries.
+// Every step, every location the graph returned is also checked against the bytes the test
+// generated for the selected row (the eager twin is under test too, so agreement alone is not enough).
 // The captured hierarchy launches with and without programmatic dependent launch.
 #include "cuda_test_support.cuh"
 
@@ -41,6 +43,43 @@ void compare_hierarchies(H& a, H& b, const std::vector<request_id>& ids, const s
                << (m < 0 ? -1 : m / static_cast<long>(Layout::sources[s].row_bytes)) << ")");
       REQUIRE(m < 0);
     }
+}
+
+/// Every location the replayed graph returned holds, in every payload layer, the bytes the test
+/// generated for the selected row (make_rows): a check that does not lean on the eager twin, which
+/// is under test too.
+std::size_t check_generated_rows(H& a, std::size_t s, const step_batch& x, const std::vector<location>& got,
+                                 const std::vector<request_id>& ids, long skip_entry, const std::string& ctx) {
+  const auto& d = Layout::sources[s];
+  std::vector<std::byte> want(d.row_bytes), pool(a.space().rows() * d.row_bytes);
+  std::size_t checked = 0;
+  for (std::size_t l = 0; l < d.payload_layers; ++l) {
+    a.copy_pool(s, l, pool);
+    for (std::size_t e = 0; e < x.slots.size(); ++e) {
+      if (static_cast<long>(e) == skip_entry) continue;
+      request_id id = 0;
+      for (request_id r : ids)
+        if (static_cast<std::int32_t>(a.slot_of(r)) == x.slots[e]) id = r;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(x.lengths[e]); ++i) {
+        const row_index row = x.selections[e * K + i];
+        const location loc = got[e * K + i];
+        if (row == dh::no_row) {
+          if (loc != dh::no_location) DHTEST_FAIL(ctx << ": padding entry " << i << " resolved to " << loc);
+          continue;
+        }
+        if (loc < 0 || static_cast<std::size_t>(loc) >= a.space().rows())
+          DHTEST_FAIL(ctx << ": source " << s << " entry " << e << " row " << row << " resolved outside the pool: " << loc);
+        fill_row(want.data(), d.row_bytes, id, s, l, row);
+        const std::byte* have = pool.data() + static_cast<std::size_t>(loc) * d.row_bytes;
+        if (std::memcmp(have, want.data(), d.row_bytes) != 0)
+          DHTEST_FAIL(ctx << ": source " << s << " layer " << l << " request " << id << " entry " << i << " row " << row
+                          << " at location " << loc << " holds " << hex_prefix(have, d.row_bytes) << "..., generated "
+                          << hex_prefix(want.data(), d.row_bytes) << "...");
+        ++checked;
+      }
+    }
+  }
+  return checked;
 }
 
 }  // namespace
@@ -126,7 +165,7 @@ TEST_CASE("a captured resolve replays like eager resolves", "[gpu][graph]") {
       return sb_;
     };
 
-    std::size_t recovered = 0;
+    std::size_t recovered = 0, rows_checked = 0;
     for (std::size_t step = 0; step < 60; ++step) {
       const std::string ctx = "step " + std::to_string(step);
       INFO(ctx);
@@ -192,6 +231,10 @@ TEST_CASE("a captured resolve replays like eager resolves", "[gpu][graph]") {
                             std::span<const location>(eager1.data() + e * K, len),
                             std::span<const location>(g1.data() + e * K, len));
       }
+      // the replay's bytes against the generator's rows, every step
+      rows_checked += check_generated_rows(a, 0, s0, g0, ids, corrupt ? 1 : -1, ctx + " (graph, source 0)");
+      rows_checked += check_generated_rows(a, 1, s1, g1, ids, -1, ctx + " (graph, source 1)");
+
       const auto graph_stats0 = a.last_stats(0);
       const auto graph_stats1 = a.last_stats(1);
       const auto eager_stats1 = b.last_stats(1);
@@ -220,6 +263,7 @@ TEST_CASE("a captured resolve replays like eager resolves", "[gpu][graph]") {
     }
     compare_hierarchies(a, b, ids, "final");
     CHECK(recovered > 1000);
+    CHECK(rows_checked > 60 * K);
     DHTEST_CUDA(cudaGraphExecDestroy(exec));
     DHTEST_CUDA(cudaGraphDestroy(graph));
   }

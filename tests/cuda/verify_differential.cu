@@ -491,8 +491,7 @@ class spec_run {
       const std::int64_t f = tw.host.frontier(id, s);
       const std::int64_t next = tw.host.positions(id, s) + static_cast<std::int64_t>(a) + 1;
       const std::int64_t completed = next / m_of(s) - f;  // rows the accepted prefix completes (m = 1: a + 1)
-      tw.host.commit(id, s, a);
-      tw.dev.commit(id, s, a);
+      tw.commit(id, s, a, completed);
       wait_or_die(tw.dev.stream(), ctx + ": commit");  // the device writes the host store asynchronously
       auto& t = tags_[id][s];
       for (std::int64_t i = 0; i < completed; ++i) t.push_back(block_[id][s][static_cast<std::size_t>(i)]);
@@ -845,8 +844,8 @@ TEST_CASE("cuda verify over a device descriptor, captured once in a CUDA graph a
       // the device books hold K_r; commit reads them
       REQUIRE(tw.dev.verified_queries(rounds[e].id, s) == rounds[e].q.size());
       const std::size_t a = tw.uniform(rounds[e].q.size());
-      tw.host.commit(rounds[e].id, s, a);
-      tw.dev.commit(rounds[e].id, s, a);
+      static_assert(L::sources[0].positions_per_row == 1);
+      tw.commit(rounds[e].id, s, a, static_cast<std::int64_t>(a) + 1);  // m = 1: anchor + accepted rows
       ++verified_rounds;
     }
     if (r % 10 == 0) {

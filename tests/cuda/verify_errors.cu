@@ -229,8 +229,7 @@ TEST_CASE("cuda verify: host-checked verify and commit errors leave the state un
     REQUIRE_THROWS_AS(tw.host.commit(fx.a, s, 2), dh::acceptance_beyond_block);
     REQUIRE_THROWS_AS(tw.dev.commit(fx.a, s, 2), dh::acceptance_beyond_block);
     fx.same_state("acceptance beyond the block");
-    tw.host.commit(fx.a, s, 1);
-    tw.dev.commit(fx.a, s, 1);
+    tw.commit(fx.a, s, 1, 2);  // m = 1: the anchor and one accepted proposal complete two rows
     REQUIRE(tw.dev.frontier(fx.a, s) == 62);
     fx.same_state("after a good commit");
     // the round is closed: a second commit has no verify
