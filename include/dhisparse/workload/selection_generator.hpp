@@ -30,7 +30,7 @@
 /// (frontiers, targets, predicate answers). The generator uses its own splitmix64 stream, integer
 /// (fixed-point) scores and IEEE doubles only where no rounding choice exists (no
 /// `std::*_distribution`, whose output differs between standard libraries), so the same seed gives
-/// the same selections with every compiler and flag set; the tests pin a fingerprint.
+/// the same selections with every compiler and flag set.
 ///
 /// Cost: about top_k + 2H random draws, a hash set of top_k rows and one radix sort of top_k 64-bit
 /// keys per call: 70-140 us for top_k = 2048 on the machines measured (the hidden `[.perf]` test of
