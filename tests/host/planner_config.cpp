@@ -74,6 +74,11 @@ std::vector<std::byte> history_rows(std::size_t s, std::size_t count) {
 
 }  // namespace
 
+// plan_hierarchy is constexpr: a configuration can be checked at compile time.
+static_assert(plan_hierarchy<layouts::tiny>({.slots = 3, .max_context_tokens = 100, .live_context_tokens = 150,
+                                             .gpu_bytes = 64 * mib, .hot_rows = 16})
+                  .config.host_pages == 21);
+
 TEST_CASE("planned config: tiny, adaptive, speculative with dedicated staging", "[planner][config]") {
   using L = layouts::tiny;  // p = 8, k = 16, sources: 2 layers x 64 B and 1 layer x 32 B (160 B per row)
   const config_inputs in{.slots = 3, .max_context_tokens = 100, .live_context_tokens = 150,

@@ -25,7 +25,6 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "dhisparse-plan failed (${rc}): ${err}")
 endif()
 
-set(failures 0)
 function(expect value)
   string(JSON actual GET "${out}" ${ARGN})
   if(NOT actual STREQUAL "${value}")
