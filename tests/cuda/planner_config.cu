@@ -105,7 +105,7 @@ TEST_CASE("cuda planned config: tiny, adaptive, dedicated staging", "[planner][c
 
 TEST_CASE("cuda planned config: GLM-5.3, shared staging arenas, the budget binds", "[planner][config][cuda]") {
   const auto p = plan_hierarchy<layouts::glm53>({.slots = 4, .max_context_tokens = 32'000,
-                                                 .live_context_tokens = 64'000, .gpu_bytes = 16 * gib,
+                                                 .live_context_tokens = 64'000, .gpu_bytes = 2 * gib,
                                                  .max_block = 8, .staging_arenas = 4});
   REQUIRE(p.config.optional_pages < p.optional_pages_needed);
   require_planned_allocation<
