@@ -19,11 +19,15 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "errors.hpp"
+#include "hierarchy_types.hpp"
+#include "host/residency_manager.hpp"
 #include "layout.hpp"
 #include "policies/draft_ring.hpp"
 #include "layouts/deepseek_v41_flash.hpp"
@@ -85,13 +89,127 @@ consteval bool sources_share_one_packing() {
     if (s.positions_per_row != L::sources[0].positions_per_row) return false;
   return true;
 }
-template <KvLayout L>
-consteval std::uint64_t index_key_bytes_per_row() {
-  std::uint64_t n = 0;
-  for (const auto& s : L::sources) n += s.index_key_bytes;
-  return n;
-}
 }  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Run-time layout description
+// ---------------------------------------------------------------------------------------------
+
+/// A KV layout described at run time (what a `KvLayout` type states at compile time): the planner's
+/// input for layouts read from a file. Non-owning: the spans must outlive the description.
+struct layout_desc {
+  std::size_t top_k = 0;                     ///< k: entries one selection holds at most
+  std::size_t page_rows = 0;                 ///< p: rows per history page
+  std::span<const source_desc> sources;      ///< payload sources, in order
+  std::span<const consumer_desc> consumers;  ///< consumer layers, in order
+};
+
+/// The run-time description of compile-time layout `L` (spans over `L::sources` and `L::consumers`).
+template <KvLayout L>
+constexpr layout_desc describe_layout() {
+  return {L::top_k, L::page_rows, std::span<const source_desc>(L::sources),
+          std::span<const consumer_desc>(L::consumers)};
+}
+
+/// The first rule a run-time layout breaks: `what` is empty when it breaks none; `part` and
+/// `index` name the source or consumer at fault, `value` the offending number.
+struct layout_issue {
+  /// Which part of the layout is at fault.
+  enum class part_kind : std::uint8_t { layout, source, consumer };
+  part_kind part = part_kind::layout;
+  std::size_t index = 0;   ///< source or consumer index (unused for the layout as a whole)
+  std::uint64_t value = 0;  ///< the offending value
+  std::string_view what;   ///< the rule, in words; empty when the layout is valid
+
+  /// True when the layout breaks a rule.
+  constexpr explicit operator bool() const { return !what.empty(); }
+};
+
+/// Checks a run-time layout against the rules `check_layout` states for compile-time layouts, plus
+/// the planner's (one positions_per_row for every source) and two that catch layouts that cannot
+/// be meant (a payload layer no consumer reads; a follower on payload layer 0, which its source's
+/// resolving consumer already reads).
+constexpr layout_issue find_layout_issue(const layout_desc& l) {
+  using pk = layout_issue::part_kind;
+  if (l.top_k == 0) return {pk::layout, 0, 0, "top_k must be at least 1"};
+  if (l.page_rows == 0) return {pk::layout, 0, 0, "page_rows must be at least 1"};
+  if (l.sources.empty()) return {pk::layout, 0, 0, "needs at least one source"};
+  for (std::size_t s = 0; s < l.sources.size(); ++s) {
+    const source_desc& d = l.sources[s];
+    if (d.row_bytes == 0 || d.row_bytes % 16 != 0)
+      return {pk::source, s, d.row_bytes,
+              "row_bytes must be positive and a multiple of 16 (rows are moved as 16-byte vectors)"};
+    if (d.positions_per_row == 0) return {pk::source, s, 0, "positions_per_row must be at least 1"};
+    if (d.payload_layers == 0) return {pk::source, s, 0, "payload_layers must be at least 1"};
+    if (d.positions_per_row != l.sources[0].positions_per_row)
+      return {pk::source, s, d.positions_per_row,
+              "positions_per_row differs from source 0's (the planner assumes one m for the whole layout)"};
+  }
+  for (std::size_t c = 0; c < l.consumers.size(); ++c) {
+    const consumer_desc& d = l.consumers[c];
+    if (d.source >= l.sources.size()) return {pk::consumer, c, d.source, "names a source outside the layout"};
+    if (d.payload_layer >= l.sources[d.source].payload_layers)
+      return {pk::consumer, c, d.payload_layer, "names a payload layer outside its source"};
+    if (d.kind == consumer_kind::follower && d.payload_layer == 0)
+      return {pk::consumer, c, 0,
+              "is a follower on payload layer 0 (its source's resolving consumer reads layer 0; a follower "
+              "copies the producer's rows into a further layer)"};
+    bool first_of_source = true;
+    for (std::size_t e = 0; e < c; ++e) first_of_source = first_of_source && l.consumers[e].source != d.source;
+    if (first_of_source && d.kind != consumer_kind::reindex)
+      return {pk::consumer, c, d.source, "is the first consumer of its source and must be reindex (it produces the selection)"};
+  }
+  for (std::size_t s = 0; s < l.sources.size(); ++s)
+    for (std::size_t layer = 0; layer < l.sources[s].payload_layers; ++layer) {
+      bool read = false;
+      for (const consumer_desc& d : l.consumers) read = read || (d.source == s && d.payload_layer == layer);
+      if (!read) return {pk::source, s, layer, "has a payload layer that no consumer reads"};
+    }
+  return {};
+}
+
+/// `issue` as one line naming the source or consumer at fault ("layout: source 3: row_bytes ... (got 650)").
+inline std::string describe(const layout_issue& issue) {
+  std::string where = "layout";
+  if (issue.part == layout_issue::part_kind::source) where += ": source " + std::to_string(issue.index);
+  if (issue.part == layout_issue::part_kind::consumer) where += ": consumer " + std::to_string(issue.index);
+  std::string line = where + ": " + std::string(issue.what);
+  if (issue.part != layout_issue::part_kind::layout) line += " (value " + std::to_string(issue.value) + ")";
+  return line;
+}
+
+/// Error thrown by the planner for an input that cannot work; `field()` names the input at fault
+/// ("gpu_bytes", "layout", ...), `what()` says why.
+class planner_input_error : public planner_error {
+ public:
+  /// An error about input `field`.
+  planner_input_error(std::string field, const std::string& what)
+      : planner_error("planner: " + field + ": " + what), field_(std::move(field)) {}
+  /// The input at fault.
+  [[nodiscard]] const std::string& field() const noexcept { return field_; }
+
+ private:
+  std::string field_;
+};
+
+/// The planner's view of a run-time layout; throws `planner_input_error` (field "layout") naming the
+/// source or consumer at fault when the layout breaks a rule of `find_layout_issue`.
+constexpr model_shape shape_of(const layout_desc& l) {
+  if (const layout_issue issue = find_layout_issue(l)) throw planner_input_error("layout", describe(issue));
+  model_shape m;
+  m.positions_per_row = l.sources[0].positions_per_row;
+  m.page_rows = l.page_rows;
+  m.top_k = l.top_k;
+  m.sources = l.sources.size();
+  for (const source_desc& d : l.sources) {
+    m.payload_bytes_per_row += d.payload_layers * d.row_bytes;
+    m.index_key_bytes_per_row += d.index_key_bytes;
+    m.payload_layers += d.payload_layers;
+    m.max_live_payload_layers = std::max<std::uint64_t>(m.max_live_payload_layers, d.payload_layers);
+    m.widest_row_bytes = std::max<std::uint64_t>(m.widest_row_bytes, d.row_bytes);
+  }
+  return m;
+}
 
 /// The planner's view of layout `L`. All sources must pack the same m positions per row.
 template <KvLayout L>
@@ -99,17 +217,7 @@ constexpr model_shape shape_of() {
   static_assert(detail::sources_share_one_packing<L>(),
                 "dhisparse planner: every source of the layout must pack the same number of token positions "
                 "per stored row (positions_per_row, m); the planner assumes one m for the whole layout");
-  return model_shape{
-      .payload_bytes_per_row = payload_bytes_per_row<L>(),
-      .index_key_bytes_per_row = detail::index_key_bytes_per_row<L>(),
-      .positions_per_row = L::sources[0].positions_per_row,
-      .page_rows = L::page_rows,
-      .top_k = L::top_k,
-      .payload_layers = payload_layer_count<L>(),
-      .sources = source_count<L>,
-      .max_live_payload_layers = max_payload_layers_per_source<L>(),
-      .widest_row_bytes = widest_row_bytes<L>(),
-  };
+  return shape_of(describe_layout<L>());
 }
 
 /// A model shape with the name the command line and documents use for it.
@@ -383,6 +491,291 @@ constexpr session_plan plan(const model_shape& model, const plan_inputs& inputs)
 template <KvLayout L>
 constexpr session_plan plan(const plan_inputs& inputs) {
   return plan(shape_of<L>(), inputs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration: from budgets to a constructed hierarchy (docs/memory-planner.md, "From plan to hierarchy")
+// ---------------------------------------------------------------------------------------------
+
+/// How the optional-history pool of the planned hierarchy is used (the `ResidencyPolicy` the engine
+/// constructs its `residency_manager` with).
+enum class residency_kind : std::uint8_t {
+  adaptive,      ///< `adaptive_policy`: the pool takes what the GPU budget leaves, up to what can be mapped
+  resident,      ///< `resident_policy`: the pool holds every slot's whole history, pinned
+  fixed_budget,  ///< `fixed_budget_policy`: no optional history, no pool
+};
+
+/// Short name of a residency kind ("adaptive", "resident", "fixed-budget").
+constexpr std::string_view to_string(residency_kind k) {
+  switch (k) {
+    case residency_kind::adaptive: return "adaptive";
+    case residency_kind::resident: return "resident";
+    case residency_kind::fixed_budget: return "fixed-budget";
+  }
+  return "unknown";
+}
+
+/// What to configure a hierarchy for. Members without a default must be set.
+struct config_inputs {
+  std::uint64_t slots = 0;               ///< N: request slots (hierarchy_config::max_requests)
+  std::uint64_t max_context_tokens = 0;  ///< longest history one request reaches, prompt + generated positions
+  /// Most token positions all admitted requests hold together (sizes the host stores); unset: every
+  /// slot at max_context_tokens (the hierarchy's own default).
+  std::optional<std::uint64_t> live_context_tokens{};
+  std::uint64_t gpu_bytes = 0;                ///< device bytes the CUDA hierarchy may take (checked; sizes the optional pool)
+  std::optional<std::uint64_t> host_bytes{};  ///< pinned host bytes the host stores may take; unset: not checked
+  std::uint64_t hot_rows = default_hot_rows;  ///< B: rows of the hierarchy's HotCache<B> (>= top_k)
+  std::optional<std::uint64_t> tail_rows{};   ///< T: tail ring rows per slot and source; default one page
+  std::uint64_t max_block = 1;                ///< K_max: widest speculative block; 1 = no speculation
+  /// chi of `staging_arenas<chi>`; unset: `dedicated_staging` (staging rows in every layer's pool).
+  std::optional<std::uint64_t> staging_arenas{};
+  residency_kind residency = residency_kind::adaptive;  ///< how the optional pool is used
+  std::uint64_t required_pages = 0;  ///< residency_config::required_pages (see docs: 0 unless the engine draws from the pool)
+  std::uint64_t reserve_pages = 0;   ///< residency_config::reserve_pages, M_res
+};
+
+/// Alignment of every range the CUDA hierarchy carves from its device buffers (cuda::detail::carver).
+inline constexpr std::uint64_t cuda_carve_alignment = 256;
+/// Depth of the CUDA hierarchy's pinned launch-descriptor rings.
+inline constexpr std::uint64_t cuda_descriptor_ring_depth = 16;
+
+/// Bytes each backend allocates for a planned configuration.
+struct backend_bytes {
+  // host_hierarchy: exactly what `host_hierarchy::requirements(config)` reports.
+  std::uint64_t host_pool_bytes = 0;           ///< simulated GPU payload pools of every payload layer
+  std::uint64_t host_staging_arena_bytes = 0;  ///< shared staging arenas (0 with dedicated staging)
+  std::uint64_t host_store_bytes = 0;          ///< paged host stores of every source
+  // cuda::hierarchy: the terms the planner models, and a bound on the rest.
+  std::uint64_t cuda_pool_bytes = 0;           ///< payload pools, each layer's range rounded to the carve alignment
+  std::uint64_t cuda_staging_arena_bytes = 0;  ///< shared staging arenas, each rounded to the carve alignment
+  std::uint64_t cuda_metadata_bytes = 0;       ///< hot-cache map, LRU order, page tables, reverse map, live flags
+  std::uint64_t cuda_workspace_bytes = 0;      ///< copy plans of resolve (and verify: plan, seen and rank bitmaps)
+  /// Bound on what the planner does not itemise: alignment padding, control blocks, per-slot error
+  /// and statistics records, batch descriptors, pointer tables (16 KiB + 16 B per payload layer +
+  /// N * (512 + 32 K_max) bytes per source).
+  std::uint64_t cuda_device_allowance = 0;
+  /// Device bytes `cuda::hierarchy::requirements(config).device_bytes` stays within: the sum of the
+  /// four terms above plus the allowance. This is what is charged against `gpu_bytes`.
+  std::uint64_t cuda_device_bytes = 0;
+  std::uint64_t cuda_pinned_bytes = 0;  ///< pinned: the host stores (exactly host_store_bytes)
+  /// Bound on the pinned launch-descriptor rings the CUDA hierarchy adds (16 deep: resolve, and verify with K_max > 1).
+  std::uint64_t cuda_pinned_allowance = 0;
+};
+
+/// A configuration ready to construct `host_hierarchy` / `cuda::hierarchy` (with `HotCache<hot_rows>`
+/// and the staging policy the inputs name) and a `residency_manager`, with the bytes it costs.
+struct hierarchy_plan {
+  hierarchy_config config;      ///< every field set (no 0 = default left)
+  residency_config residency;   ///< the manager's ledger sizes
+  backend_bytes bytes;          ///< what each backend allocates
+  std::uint64_t hot_rows = 0;   ///< B the hierarchy type must use (lru_hot_cache<B>)
+  std::optional<std::uint64_t> staging_arenas{};  ///< chi of staging_arenas<chi>, or unset: dedicated_staging
+  residency_kind residency_mode = residency_kind::adaptive;  ///< the policy the plan sized the pool for
+
+  // How the fields were derived (docs/memory-planner.md).
+  std::uint64_t pages_per_request = 0;     ///< ceil(max_rows / p)
+  std::uint64_t live_context_tokens = 0;   ///< the live context the host stores are sized for
+  std::uint64_t default_host_pages = 0;    ///< N * pages_per_request: the hierarchy's all-slots-full default
+  std::uint64_t optional_pages_needed = 0;  ///< most pages the policy can use (adaptive: complete live pages + ledger)
+  std::uint64_t optional_pages_budget = 0;  ///< most pages the GPU budget leaves room for
+  std::uint64_t optional_page_bytes = 0;    ///< device bytes of one optional page over every payload layer (p * payload B/row)
+  std::uint64_t host_page_bytes = 0;        ///< pinned bytes of one host page over every source (same value)
+  std::uint64_t index_key_bytes = 0;        ///< engine-owned indexer keys for N slots at max_rows (not charged)
+  std::uint64_t gpu_bytes_left = 0;         ///< gpu_bytes - cuda_device_bytes
+};
+
+namespace detail {
+constexpr std::uint64_t align_up(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+/// Device bytes of the CUDA hierarchy's itemised terms for `optional_pages` pages, and the allowance.
+struct cuda_device_terms {
+  std::uint64_t pools = 0, arenas = 0, metadata = 0, workspace = 0, allowance = 0;
+  constexpr std::uint64_t total() const { return pools + arenas + metadata + workspace + allowance; }
+};
+
+constexpr cuda_device_terms cuda_device_for(const layout_desc& l, const hierarchy_config& c, std::uint64_t hot_rows,
+                                            bool shared_staging, std::uint64_t chi, checked_bytes& k) {
+  const bool spec = c.max_block > 1;
+  const std::uint64_t n = c.max_requests, kmax = c.max_block, top_k = l.top_k;
+  const std::uint64_t tail = c.tail_rows + (spec ? kmax : 0);
+  const std::uint64_t staging_rows = spec ? k.mul(kmax, top_k) : 0;
+  const std::uint64_t ppr = ceil_div(c.max_rows, l.page_rows);
+  std::uint64_t pool_rows = k.add(k.mul(n, k.add(hot_rows, tail)), k.mul(c.optional_pages, l.page_rows));
+  if (!shared_staging) pool_rows = k.add(pool_rows, k.mul(n, staging_rows));
+  cuda_device_terms t;
+  std::uint64_t widest = 0;
+  for (const source_desc& d : l.sources) {
+    widest = std::max<std::uint64_t>(widest, d.row_bytes);
+    t.pools = k.add(t.pools, k.mul(d.payload_layers, align_up(k.mul(pool_rows, d.row_bytes), cuda_carve_alignment)));
+    // hot row (int32) + LRU order (uint16) per hot way; optional and host page (int32 each) per
+    // history page; reverse map (uint16) per history row.
+    std::uint64_t meta = k.mul(k.mul(n, hot_rows), hot_slot_entry_bytes + lru_order_entry_bytes);
+    meta = k.add(meta, k.mul(k.mul(n, ppr), 2 * page_table_entry_bytes));
+    meta = k.add(meta, k.mul(k.mul(n, c.max_rows), reverse_map_entry_bytes));
+    t.metadata = k.add(t.metadata, meta);
+    // Two copy plans of N * k 16-byte entries; verify: N * K_max * k entries and two bitmaps of max_rows bits.
+    std::uint64_t ws = k.mul(k.mul(2 * n, top_k), 16);
+    if (spec) {
+      ws = k.add(ws, k.mul(k.mul(n, kmax), k.mul(top_k, 16)));
+      ws = k.add(ws, k.mul(k.mul(2 * n, ceil_div(c.max_rows, 32)), 4));
+    }
+    t.workspace = k.add(t.workspace, ws);
+    t.allowance = k.add(t.allowance, k.add(16 * 1024 + 16 * d.payload_layers, k.mul(n, 512 + 32 * kmax)));
+  }
+  t.metadata = k.add(t.metadata, k.mul(n, 4));  // live flag per slot
+  if (shared_staging && spec) t.arenas = k.mul(chi, align_up(k.mul(k.mul(n, staging_rows), widest), cuda_carve_alignment));
+  return t;
+}
+}  // namespace detail
+
+/// Plans a hierarchy of layout `l` for `in`: the `hierarchy_config`, the `residency_config` and the
+/// bytes each backend allocates. Throws `planner_input_error` naming the input at fault when no
+/// configuration meets the inputs (the layout, a budget too small, a bad count).
+/// Derivation (docs/memory-planner.md): max_rows = ceil(max_context / m); tail_rows = T (default p);
+/// host_pages = min(N * ceil(max_rows / p), floor((live + N (m p - 1)) / (m p))); optional_pages =
+/// 0 (fixed budget), N * (floor(max_rows / p) + required) + reserve (resident), or the smaller of
+/// what the GPU budget leaves and what can be mapped, floor((live + N (m - 1)) / (m p)) + N * required
+/// + reserve (adaptive).
+constexpr hierarchy_plan plan_hierarchy(const layout_desc& l, const config_inputs& in) {
+  const model_shape shape = shape_of(l);  // validates the layout
+  const auto fail = [](const char* field, const std::string& why) { throw planner_input_error(field, why); };
+  const auto num = [](std::uint64_t v) { return std::to_string(v); };
+  const std::uint64_t m = shape.positions_per_row, p = shape.page_rows;
+  constexpr std::uint64_t int32_max = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
+
+  if (in.slots == 0) fail("slots", "at least one request slot is needed");
+  if (in.max_context_tokens == 0) fail("max_context_tokens", "must be at least 1");
+  if (in.hot_rows < shape.top_k)
+    fail("hot_rows", "B = " + num(in.hot_rows) + " is below top_k = " + num(shape.top_k) +
+                         " (the hot cache must hold one whole selection)");
+  if (in.tail_rows && *in.tail_rows == 0) fail("tail_rows", "the tail needs at least one row");
+  if (in.max_block == 0) fail("max_block", "must be at least 1 (1 = no speculation)");
+  if (in.staging_arenas && (*in.staging_arenas < shape.max_live_payload_layers || *in.staging_arenas == 0))
+    fail("staging_arenas", "chi = " + num(*in.staging_arenas) + " is below the most payload layers of one source (" +
+                               num(shape.max_live_payload_layers) + "): a verify stages every layer of its source at once");
+
+  detail::checked_bytes k;
+  hierarchy_plan r;
+  r.hot_rows = in.hot_rows;
+  r.staging_arenas = in.staging_arenas;
+  r.residency_mode = in.residency;
+
+  hierarchy_config& c = r.config;
+  c.max_requests = in.slots;
+  c.max_rows = detail::ceil_div(in.max_context_tokens, m);
+  if (c.max_rows > int32_max)
+    fail("max_context_tokens", num(in.max_context_tokens) + " tokens make " + num(c.max_rows) +
+                                   " rows, past int32 row indices");
+  c.tail_rows = in.tail_rows.value_or(p);
+  c.max_block = in.max_block;
+  if (c.max_block > c.max_rows) fail("max_block", "K_max = " + num(c.max_block) + " exceeds max_rows = " + num(c.max_rows));
+
+  // Host stores: the pages the live context can occupy, every request wasting at most one partial page.
+  r.pages_per_request = detail::ceil_div(c.max_rows, p);
+  r.default_host_pages = k.mul(in.slots, r.pages_per_request);
+  r.live_context_tokens = in.live_context_tokens.value_or(k.mul(in.slots, in.max_context_tokens));
+  if (r.live_context_tokens < in.max_context_tokens)
+    fail("live_context_tokens", num(r.live_context_tokens) + " is below max_context_tokens = " +
+                                    num(in.max_context_tokens) + " (one request alone may reach it)");
+  if (r.live_context_tokens > k.mul(in.slots, in.max_context_tokens))
+    fail("live_context_tokens", num(r.live_context_tokens) + " exceeds slots * max_context_tokens = " +
+                                    num(in.slots * in.max_context_tokens));
+  const std::uint64_t mp = m * p;
+  c.host_pages = std::min(r.default_host_pages, k.add(r.live_context_tokens, k.mul(in.slots, mp - 1)) / mp);
+  r.host_page_bytes = k.mul(p, shape.payload_bytes_per_row);
+  r.optional_page_bytes = r.host_page_bytes;
+  const std::uint64_t host_store = k.mul(c.host_pages, r.host_page_bytes);
+  if (in.host_bytes && host_store > *in.host_bytes)
+    fail("host_bytes", num(*in.host_bytes) + " bytes cannot hold " + num(c.host_pages) +
+                           " host pages per source (" + num(host_store) + " bytes) for " +
+                           num(r.live_context_tokens) + " live context tokens; " +
+                           num(*in.host_bytes / r.host_page_bytes) + " pages fit");
+
+  // Residency ledger (validated like residency_manager's constructor).
+  r.residency.required_pages = in.required_pages;
+  r.residency.reserve_pages = in.reserve_pages;
+  if (in.residency == residency_kind::fixed_budget && (in.required_pages != 0 || in.reserve_pages != 0))
+    fail(in.required_pages != 0 ? "required_pages" : "reserve_pages",
+         "the fixed-budget policy keeps no optional pool, so the ledger has no pages to require or reserve");
+  const std::uint64_t pinned = in.residency == residency_kind::resident ? c.max_rows / p : 0;
+  const std::uint64_t ledger = k.add(k.mul(in.slots, k.add(in.required_pages, pinned)), in.reserve_pages);
+  switch (in.residency) {
+    case residency_kind::fixed_budget: r.optional_pages_needed = 0; break;
+    case residency_kind::resident: r.optional_pages_needed = ledger; break;
+    case residency_kind::adaptive: {
+      // Complete pages of the live histories: sum floor(rows_i / p) <= (live + N (m - 1)) / (m p).
+      const std::uint64_t mappable = std::min(k.mul(in.slots, c.max_rows / p),
+                                              k.add(r.live_context_tokens, k.mul(in.slots, m - 1)) / mp);
+      r.optional_pages_needed = k.add(mappable, ledger);
+      break;
+    }
+  }
+
+  // The GPU budget: the CUDA hierarchy's device bytes with no optional page, then pages while they fit.
+  const bool shared = in.staging_arenas.has_value();
+  const std::uint64_t chi = in.staging_arenas.value_or(0);
+  c.optional_pages = 0;
+  const detail::cuda_device_terms fixed = detail::cuda_device_for(l, c, in.hot_rows, shared, chi, k);
+  if (k.overflowed) fail("max_context_tokens", "a byte count does not fit in 64 bits");
+  if (fixed.total() > in.gpu_bytes)
+    fail("gpu_bytes", num(in.gpu_bytes) + " bytes cannot hold the fixed state of " + num(in.slots) +
+                          " slots (hot caches, tails, staging, metadata): " + num(fixed.total()) + " bytes");
+  // Each page adds p rows to every layer's range; each range's rounding grows by less than the alignment.
+  const std::uint64_t slack = k.mul(shape.payload_layers, cuda_carve_alignment);
+  const std::uint64_t left = in.gpu_bytes - fixed.total();
+  r.optional_pages_budget = left > slack ? (left - slack) / r.optional_page_bytes : 0;
+  const std::uint64_t tail_ring = c.tail_rows + (c.max_block > 1 ? c.max_block : 0);
+  const std::uint64_t slot_rows = k.mul(in.slots, k.add(k.add(in.hot_rows, tail_ring),
+                                                        c.max_block > 1 ? c.max_block * shape.top_k : 0));
+  if (slot_rows > int32_max) fail("slots", "the slots' hot caches, tails and staging exceed int32 locations");
+  const std::uint64_t addressable_pages = (int32_max - slot_rows) / p;
+  const std::uint64_t affordable = std::min(r.optional_pages_budget, addressable_pages);
+  if (in.residency == residency_kind::adaptive) {
+    c.optional_pages = std::min(affordable, r.optional_pages_needed);
+    if (c.optional_pages < ledger)
+      fail("gpu_bytes", "the optional pool left by the budget (" + num(c.optional_pages) +
+                            " pages) cannot hold one request's required and reserve pages (" + num(ledger) + ")");
+  } else {
+    c.optional_pages = r.optional_pages_needed;
+    if (c.optional_pages > affordable)
+      fail("gpu_bytes", "resident serving of " + num(in.slots) + " slots at " + num(c.max_rows) + " rows needs " +
+                            num(c.optional_pages) + " optional pages per source; the budget leaves room for " +
+                            num(affordable));
+  }
+
+  const detail::cuda_device_terms t = detail::cuda_device_for(l, c, in.hot_rows, shared, chi, k);
+  backend_bytes& b = r.bytes;
+  b.cuda_pool_bytes = t.pools;
+  b.cuda_staging_arena_bytes = t.arenas;
+  b.cuda_metadata_bytes = t.metadata;
+  b.cuda_workspace_bytes = t.workspace;
+  b.cuda_device_allowance = t.allowance;
+  b.cuda_device_bytes = t.total();
+  b.host_store_bytes = host_store;
+  b.cuda_pinned_bytes = host_store;
+  const std::uint64_t n = in.slots, kmax = c.max_block;
+  b.cuda_pinned_allowance = cuda_descriptor_ring_depth *
+                            k.add(64 + 32 * n, kmax > 1 ? k.add(64 + 16 * n, k.mul(24 * n, kmax)) : 0);
+  // The host backend keeps the same rows unpadded, its staging arenas inside the location range.
+  const bool spec = c.max_block > 1;
+  std::uint64_t host_rows = k.add(k.mul(n, k.add(in.hot_rows, tail_ring)), k.mul(c.optional_pages, p));
+  const std::uint64_t staging_rows = spec ? k.mul(kmax, shape.top_k) : 0;
+  if (!shared) host_rows = k.add(host_rows, k.mul(n, staging_rows));
+  b.host_pool_bytes = k.mul(host_rows, shape.payload_bytes_per_row);
+  b.host_staging_arena_bytes = shared && spec ? k.mul(chi, k.mul(k.mul(n, staging_rows), shape.widest_row_bytes)) : 0;
+
+  r.index_key_bytes = k.mul(k.mul(n, c.max_rows), shape.index_key_bytes_per_row);
+  if (k.overflowed) fail("max_context_tokens", "a byte count does not fit in 64 bits");
+  if (b.cuda_device_bytes > in.gpu_bytes)  // the page count above leaves room for rounding; a check, not a loop
+    fail("gpu_bytes", "internal: planned " + num(b.cuda_device_bytes) + " device bytes exceed the budget");
+  r.gpu_bytes_left = in.gpu_bytes - b.cuda_device_bytes;
+  return r;
+}
+
+/// Plans a hierarchy of compile-time layout `L` (forwards to the run-time overload).
+template <KvLayout L>
+constexpr hierarchy_plan plan_hierarchy(const config_inputs& in) {
+  return plan_hierarchy(describe_layout<L>(), in);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // Memory planner: the paper's figures, the ring-size property, monotonicity, fit arithmetic,
-// the DeepSeek-V4.1-Flash layout and the dhisparse-plan argument parser.
+// the DeepSeek-V4.1-Flash layout (the dhisparse-plan tool is tested in tools/tests).
 #include "../support/catch.hpp"
 
 #include <cstdint>
@@ -7,7 +7,6 @@
 #include <string_view>
 #include <vector>
 
-#include <dhisparse/detail/plan_cli.hpp>
 #include <dhisparse/layouts/deepseek_v41_flash.hpp>
 #include <dhisparse/layouts/glm53.hpp>
 #include <dhisparse/layouts/tiny.hpp>
@@ -276,93 +275,4 @@ TEST_CASE("planner: invalid inputs throw planner_error", "[planner]") {
   REQUIRE_THROWS_AS(plan(glm, {.context_tokens = std::uint64_t{1} << 62}), planner_error);  // bytes overflow
   REQUIRE_NOTHROW(plan(glm, {.context_tokens = 1, .hot_rows = 2048, .staging_arenas = 78}));
   REQUIRE(plan_input_problem(glm, {.context_tokens = 1}).empty());
-}
-
-namespace {
-detail::plan_cli_result parse(std::vector<std::string_view> args) { return detail::parse_plan_cli(args); }
-}  // namespace
-
-TEST_CASE("dhisparse-plan arguments", "[planner][cli]") {
-  SECTION("defaults: glm-5.3, 100000 tokens, B 4096, no drafter, 35 slots, 100 GiB") {
-    const auto r = parse({});
-    REQUIRE(r.ok());
-    REQUIRE(r.options.layout == "glm-5.3");
-    REQUIRE(r.options.model == shape_of<layouts::glm53>());
-    REQUIRE(r.options.inputs.context_tokens == 100'000);
-    REQUIRE(r.options.inputs.hot_rows == 4096);
-    REQUIRE(r.options.inputs.drafter == drafters::none);
-    REQUIRE(r.options.inputs.slots == 35);
-    REQUIRE(r.options.inputs.pool_bytes == 100 * bytes_per_gib);
-    REQUIRE_FALSE(r.options.inputs.staging_arenas.has_value());
-    REQUIRE_FALSE(r.options.json);
-    REQUIRE_FALSE(r.options.help);
-  }
-  SECTION("every option, separate and '=' values") {
-    const auto r = parse({"--layout", "deepseek-v4.1-flash", "--context=500K", "--hot", "1024", "--tail", "32",
-                          "--drafter=dspark", "--slots", "128", "--pool-gib", "90.5", "--arenas=2", "--json"});
-    REQUIRE(r.ok());
-    REQUIRE(r.options.layout == "deepseek-v4.1-flash");
-    REQUIRE(r.options.model == shape_of<layouts::deepseek_v41_flash>());
-    REQUIRE(r.options.inputs.context_tokens == 500'000);
-    REQUIRE(r.options.inputs.hot_rows == 1024);
-    REQUIRE(r.options.inputs.tail_rows == 32u);
-    REQUIRE(r.options.inputs.drafter == drafters::dspark);
-    REQUIRE(r.options.inputs.slots == 128);
-    REQUIRE(r.options.inputs.pool_bytes == 90 * bytes_per_gib + bytes_per_gib / 2);
-    REQUIRE(r.options.inputs.staging_arenas == 2u);
-    REQUIRE(r.options.json);
-  }
-  SECTION("token counts") {
-    REQUIRE(detail::parse_token_count("100000") == 100'000u);
-    REQUIRE(detail::parse_token_count("100K") == 100'000u);
-    REQUIRE(detail::parse_token_count("100k") == 100'000u);
-    REQUIRE(detail::parse_token_count("1M") == 1'000'000u);
-    REQUIRE(detail::parse_token_count("1.5M") == 1'500'000u);
-    REQUIRE(detail::parse_token_count("32K") == 32'000u);
-    REQUIRE(detail::parse_token_count("2G") == 2'000'000'000u);
-    REQUIRE(detail::parse_token_count("0") == 0u);
-    REQUIRE_FALSE(detail::parse_token_count("").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("K").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("1.5").has_value());  // not a whole token count
-    REQUIRE_FALSE(detail::parse_token_count("-5").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("12x").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("1.2.3K").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("99999999999999999999").has_value());
-    REQUIRE_FALSE(detail::parse_token_count("99999999999999G").has_value());
-  }
-  SECTION("GiB amounts") {
-    REQUIRE(detail::parse_gib_bytes("100") == 100 * bytes_per_gib);
-    REQUIRE(detail::parse_gib_bytes("0.25") == bytes_per_gib / 4);
-    REQUIRE(detail::parse_gib_bytes(".5") == bytes_per_gib / 2);
-    REQUIRE_FALSE(detail::parse_gib_bytes("-1").has_value());
-    REQUIRE_FALSE(detail::parse_gib_bytes("1e3").has_value());
-    REQUIRE_FALSE(detail::parse_gib_bytes(".").has_value());
-  }
-  SECTION("bad arguments give a message naming them") {
-    const auto expect_error = [](std::vector<std::string_view> args, std::string_view fragment) {
-      const auto r = parse(std::move(args));
-      INFO("error: " << r.error);
-      REQUIRE_FALSE(r.ok());
-      REQUIRE(r.error.find(fragment) != std::string::npos);
-    };
-    expect_error({"--layout", "llama"}, "llama");
-    expect_error({"--drafter", "eagle"}, "eagle");
-    expect_error({"--context", "lots"}, "--context");
-    expect_error({"--context"}, "needs a value");
-    expect_error({"--hot", "4K"}, "--hot");
-    expect_error({"--slots", "-3"}, "--slots");
-    expect_error({"--pool-gib", "many"}, "--pool-gib");
-    expect_error({"--frobnicate"}, "unknown option");
-    expect_error({"extra"}, "unexpected argument");
-    expect_error({"--json=yes"}, "--json");
-    expect_error({"--hot", "1000"}, "top_k");                       // B < k = 2048
-    expect_error({"--arenas", "79"}, "staging arenas");             // GLM-5.3 has 78 payload layers
-    expect_error({"--slots", "0"}, "slots");
-  }
-  SECTION("--help") {
-    const auto r = parse({"--help"});
-    REQUIRE(r.ok());
-    REQUIRE(r.options.help);
-    REQUIRE(detail::plan_cli_usage.find("--pool-gib") != std::string_view::npos);
-  }
 }

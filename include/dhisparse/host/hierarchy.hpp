@@ -388,6 +388,12 @@ class host_hierarchy {
     for (const auto& a : arenas_) n += a.size();
     return n;
   }
+  /// Bytes of the paged host stores of every source (what `requirements().host_store_bytes` announced).
+  [[nodiscard]] std::size_t host_store_bytes() const {
+    std::size_t n = 0;
+    for (const auto& src : src_) n += src.host_bytes.size();
+    return n;
+  }
 
   /// Copies of the last resolve on a source, in the order they were made.
   [[nodiscard]] std::span<const planned_copy> last_plan(std::size_t source) const {
