@@ -117,7 +117,7 @@ int main() {
     cfg.max_requests = requests;
     cfg.max_rows = 16384;
     cfg.optional_pages = 0;  // resolve-only: no optional history
-    cudaStream_t stream = nullptr;  // not destroyed: the hierarchy synchronises it when destroyed
+    cudaStream_t stream = nullptr;  // lives as long as the process (the hierarchy uses it until destroyed)
     DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     Hierarchy h(cfg, stream);
 

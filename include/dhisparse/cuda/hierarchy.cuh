@@ -197,13 +197,13 @@ class hierarchy {
 
   hierarchy(const hierarchy&) = delete;
   hierarchy& operator=(const hierarchy&) = delete;
-  /// Synchronises the hierarchy's stream, then frees its memory. cudaFree waits for all work on the
-  /// device (the runtime's implicit synchronization of cudaFree/cudaFreeHost), so work still
-  /// queued on other streams that reads or writes this memory finishes first: destruction is a
-  /// device-wide wait, but no explicit cudaDeviceSynchronize is made, and it is off the step path.
-  /// Adopted host stores are not freed (they stay the caller's) and the caller must not free them
-  /// before work that uses this hierarchy has finished.
-  ~hierarchy() { cudaStreamSynchronize(stream_); }
+  /// Waits for the whole device, then frees its memory: a device-wide wait by design, off the step
+  /// path. Waiting for fewer streams is not safe: the hierarchy's memory is used on streams it does
+  /// not know (resolves, verifies and copies on caller streams, a residency manager's copy stream;
+  /// its own stream may already be destroyed), and cudaFree of its device memory synchronises the
+  /// device anyway (CUDA Programming Guide, stream-ordered memory allocator). Adopted host stores
+  /// are not freed: they stay the caller's, and must outlive the work that used this hierarchy.
+  ~hierarchy() { cudaDeviceSynchronize(); }
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
