@@ -162,6 +162,14 @@ TEST_CASE("async readbacks reject what a kernel cannot write", "[gpu][readback]"
   CHECK_THROWS_AS(f.dev->copy_stats_async(DH::sources, f.stats_out(), f.stream), dh::invalid_source);
   CHECK_THROWS_AS(f.dev->copy_errors_async(0, nullptr, f.stream), dh::size_mismatch);
   CHECK_THROWS_AS(f.dev->copy_verify_stats_async(0, {}, f.stream), dh::invalid_configuration);  // max_block = 1
+  dhc::error_record junk;
+  std::memset(&junk, 0xCD, sizeof(junk));  // not written by copy_errors_async
+  CHECK_THROWS_AS(f.dev->throw_if_error(junk), dh::invalid_configuration);
+  junk = dhc::error_record{};
+  junk.entry = static_cast<std::int32_t>(N);  // past max_requests
+  junk.error.code = dhc::to_status(dh::errc::position_out_of_range);
+  CHECK_THROWS_AS(f.dev->throw_if_error(junk), dh::invalid_configuration);
+  REQUIRE_NOTHROW(f.dev->throw_if_error(dhc::error_record{}));  // an empty record: nothing to report
   int device = 0, pageable = 0;
   DHTEST_CUDA(cudaGetDevice(&device));
   DHTEST_CUDA(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
@@ -367,4 +375,98 @@ TEST_CASE("readbacks do not wait for work on an unrelated stream", "[gpu][readba
   (void)pl;
   (void)row;
   cudaStreamDestroy(unrelated);
+}
+
+TEST_CASE("async verify stats equal the synchronous readback and the host reference", "[gpu][readback][verify]") {
+  require_device();
+  dh::hierarchy_config cfg = make_cfg();
+  cfg.max_block = 3;
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    HH host(cfg);
+    DH dev(cfg, stream);
+    const std::vector<request_id> ids{31, 32, 33};
+    std::mt19937_64 rng(9);
+    for (request_id id : ids) {
+      REQUIRE(host.admit(id).admitted);
+      REQUIRE(dev.admit(id, stream).admitted);
+      for (std::size_t s = 0; s < DH::sources; ++s) {
+        const std::size_t n = 50 + 7 * (id % 4);
+        const auto rows = make_rows<Layout>(id, s, 0, n);
+        host.append(id, s, rows, n);
+        dev.append(id, s, std::span<const std::byte>(rows), n, stream);
+      }
+    }
+    constexpr std::size_t KR = 2;  // queries per round: the anchor and one proposal
+    dhc::device_buffer<row_index> dsel(ids.size() * KR * K);
+    dhc::device_buffer<location> dloc(ids.size() * KR * K);
+    dhc::pinned_buffer out_bytes(N * sizeof(dhc::verify_entry_stats));
+    const std::span<dhc::verify_entry_stats> out(reinterpret_cast<dhc::verify_entry_stats*>(out_bytes.data()), N);
+    for (std::size_t s = 0; s < DH::sources; ++s) {
+      INFO("source " << s);
+      // stage a block of 3 positions (3 rows: m = 1) for every request
+      for (request_id id : ids) {
+        const std::int64_t f = host.frontier(id, s);
+        const auto block = make_rows<Layout>(id, s, f, 3);
+        host.stage_block(id, s, block, 3);
+        dev.stage_block(id, s, std::span<const std::byte>(block), 3, stream);
+      }
+      // K_r = 2 queries of committed rows each
+      std::vector<std::vector<std::vector<row_index>>> q(ids.size(), std::vector<std::vector<row_index>>(KR));
+      std::vector<row_index> staged(ids.size() * KR * K, dh::no_row);
+      for (std::size_t e = 0; e < ids.size(); ++e)
+        for (std::size_t j = 0; j < KR; ++j) {
+          q[e][j].resize(K);
+          for (std::size_t i = 0; i < K; ++i)
+            q[e][j][i] = rng() % 9 == 0 ? dh::no_row
+                                        : static_cast<row_index>(rng() % static_cast<std::uint64_t>(host.frontier(ids[e], s)));
+          std::copy(q[e][j].begin(), q[e][j].end(), staged.begin() + static_cast<long>((e * KR + j) * K));
+        }
+      // host: one request at a time (per-entry stats)
+      std::vector<dh::verify_stats> expect;
+      for (std::size_t e = 0; e < ids.size(); ++e) {
+        std::vector<std::vector<location>> locs(KR, std::vector<location>(K));
+        std::vector<std::span<const row_index>> qs;
+        std::vector<std::span<location>> ls;
+        for (std::size_t j = 0; j < KR; ++j) {
+          qs.push_back(q[e][j]);
+          ls.push_back(locs[j]);
+        }
+        const dh::verify_item item{ids[e], qs, ls};
+        expect.push_back(host.verify(s, std::span<const dh::verify_item>(&item, 1)));
+      }
+      // device: one batch
+      DHTEST_CUDA(cudaMemcpyAsync(dsel.data(), staged.data(), staged.size() * sizeof(row_index), cudaMemcpyHostToDevice,
+                                  stream));
+      std::vector<std::vector<dhc::verify_query>> dq(ids.size());
+      std::vector<dhc::verify_batch_item> items;
+      for (std::size_t e = 0; e < ids.size(); ++e) {
+        for (std::size_t j = 0; j < KR; ++j) {
+          const std::size_t at = (e * KR + j) * K;
+          dq[e].push_back({dsel.data() + at, static_cast<std::int32_t>(K), dloc.data() + at});
+        }
+        items.push_back({ids[e], dq[e]});
+      }
+      std::memset(out_bytes.data(), 0xCD, out_bytes.bytes());
+      dev.verify(s, std::span<const dhc::verify_batch_item>(items), stream);
+      dev.copy_verify_stats_async(s, out, stream);
+      wait_or_die(stream, "verify");
+      dev.check_errors(stream);
+      const auto sync = dev.last_verify_stats(s);
+      REQUIRE(sync.size() == ids.size());
+      for (std::size_t e = 0; e < N; ++e) {
+        INFO("entry " << e);
+        if (e < ids.size()) {
+          REQUIRE(DH::to_verify_stats(s, out[e]) == expect[e]);
+          REQUIRE(DH::to_verify_stats(s, out[e]) == sync[e]);
+        } else {
+          const dhc::verify_entry_stats& z = out[e];
+          REQUIRE((z.selected == 0 && z.direct == 0 && z.block == 0 && z.hot == 0 && z.host == 0 && z.staged == 0 &&
+                   z.rows_copied == 0 && z.staging_rows == 0 && z.layers_copied == 0));
+        }
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
 }

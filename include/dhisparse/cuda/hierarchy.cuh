@@ -39,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../detail/request_registry.hpp"
@@ -554,7 +555,10 @@ class hierarchy {
   /// Host only, no CUDA call. Requests are named by their current id when the slot is still held
   /// by one, else by slot.
   void throw_if_error(const error_record& r) const {
-    if (r.source >= sources) throw invalid_source("error record of source " + std::to_string(r.source));
+    if (r.source >= sources || r.entry >= static_cast<std::int64_t>(cfg_.max_requests) ||
+        (r.entry >= 0 && std::string_view(to_string(to_errc(r.error.code))) == "unknown"))
+      throw invalid_configuration("not an error record of this hierarchy's copy_errors_async (source " +
+                                  std::to_string(r.source) + ", entry " + std::to_string(r.entry) + ")");
     if (r.overflow != 0)
       throw size_mismatch("resolve on source " + std::to_string(r.source) + " was given a batch count of " +
                           std::to_string(r.overflow) + ", above the batch_view capacity; extra entries were ignored");
