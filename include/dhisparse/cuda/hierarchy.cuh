@@ -417,7 +417,8 @@ class hierarchy {
     launch(source, batch, stream, mode);
   }
 
-  /// Eager resolve, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  /// Eager resolve, then `check_errors(stream)`; returns the batch's stats (synchronises `stream`
+  /// and the hierarchy's stream, not the device).
   resolve_stats resolve_sync(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                              copy_layers mode = copy_layers::all) {
     resolve(source, batch, stream, mode);
@@ -916,7 +917,8 @@ class hierarchy {
     }
   }
 
-  /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises `stream`
+  /// and the hierarchy's stream, not the device).
   verify_stats verify_sync(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
                            copy_layers mode = copy_layers::all) {
     verify(source, batch, stream, mode);
@@ -979,7 +981,8 @@ class hierarchy {
     check_source(source);
     return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
   }
-  /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the device.
+  /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the
+  /// device (then it synchronises the hierarchy's stream; otherwise host books, no CUDA call).
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
     check_source(source);
     if (!speculative()) return 0;
@@ -1079,26 +1082,29 @@ class hierarchy {
     enqueue_read(stream_, out.data(), src_[source].staging_ptrs[layer], bytes);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  /// The host copy of a row in the pinned store (valid once the appending stream has synchronised).
+  /// The host copy of a row in the pinned store (host books, no CUDA call; its bytes are valid once
+  /// the appending stream has synchronised). Its address also tells which host page holds the row.
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
     return src_[source].books.host_row(registry_.slot(id), layer, row);
   }
-  // The four readbacks below synchronise the hierarchy's stream (tests and debugging).
-  /// Hot-cache contents of a request/source read back from the device (-1: empty way).
+  /// Hot-cache contents of a request/source read back from the device (-1: empty way; synchronises
+  /// the hierarchy's stream).
   [[nodiscard]] std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.hot_row, registry_.slot(id), hot_rows);
   }
-  /// LRU order of a request/source read back from the device, least recently used first.
+  /// LRU order of a request/source read back from the device, least recently used first
+  /// (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<order_index> lru_order_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.order, registry_.slot(id), hot_rows);
   }
-  /// Optional-history map of a request/source read back from the device (-1: not ready).
+  /// Optional-history map of a request/source read back from the device (-1: not ready;
+  /// synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<std::int32_t> optional_map_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.optional_page, registry_.slot(id), pages_per_request_);
   }
-  /// Frontier of a request/source read back from the device.
+  /// Frontier of a request/source read back from the device (synchronises the hierarchy's stream).
   [[nodiscard]] std::int64_t device_frontier(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.frontier, registry_.slot(id), 1).front();
   }
