@@ -163,7 +163,7 @@ TEST_CASE("async readbacks reject what a kernel cannot write", "[gpu][readback]"
   CHECK_THROWS_AS(f.dev->copy_errors_async(0, nullptr, f.stream), dh::size_mismatch);
   CHECK_THROWS_AS(f.dev->copy_verify_stats_async(0, {}, f.stream), dh::invalid_configuration);  // max_block = 1
   dhc::error_record junk;
-  std::memset(&junk, 0xCD, sizeof(junk));  // not written by copy_errors_async
+  std::memset(static_cast<void*>(&junk), 0xCD, sizeof(junk));  // not written by copy_errors_async
   CHECK_THROWS_AS(f.dev->throw_if_error(junk), dh::invalid_configuration);
   junk = dhc::error_record{};
   junk.entry = static_cast<std::int32_t>(N);  // past max_requests
