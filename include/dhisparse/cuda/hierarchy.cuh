@@ -15,7 +15,13 @@
 /// Errors only visible on the device (selection entries out of range or beyond the frontier;
 /// and, for raw `batch_view` launches, bad slots, lengths and duplicates) leave that batch entry
 /// untouched (no location or state written), let the other entries resolve, and are thrown by
-/// `check_errors(stream)` as the typed error of the first bad entry of the first failing launch.
+/// `check_errors(stream)` as the typed error of the first bad entry of the first failing launch,
+/// or taken on the device by `copy_errors_async` and thrown later by `throw_if_error`.
+///
+/// Readbacks: the `_async` ones (`copy_stats_async`, `copy_verify_stats_async`,
+/// `copy_errors_async`) write caller memory in stream order and are capturable; every other
+/// readback synchronises one stream (the one given, or the hierarchy's), never the device
+/// (docs/integration.md).
 ///
 /// Speculative verification (hierarchy_config::max_block = K_max > 1, docs/speculative.md):
 /// `stage_block`, `verify` and `commit` follow the host reference call for call, with the same pool
@@ -33,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../detail/request_registry.hpp"
@@ -59,6 +66,7 @@
 #include "detail/staging_ring.cuh"
 #include "detail/verify_kernel.cuh"
 #include "error.cuh"
+#include "readback.cuh"
 #include "verify_views.cuh"
 #include "views.cuh"
 
@@ -128,7 +136,8 @@ class hierarchy {
   /// Device view of one source (what `view(source)` returns).
   using view_type = source_view<order_index>;
 
-  /// Device and pinned bytes the hierarchy allocates for `cfg`.
+  /// Device and pinned bytes the hierarchy allocates for `cfg`. `pinned_bytes` includes the host
+  /// stores (`host_store_bytes` per source), which the adopting constructor does not allocate.
   static memory_requirements requirements(const hierarchy_config& cfg) {
     const hierarchy_config c = normalised(cfg);
     memory_requirements r;
@@ -151,53 +160,50 @@ class hierarchy {
     return Staging::arenas * arena_stride(c);
   }
 
-  /// Allocates and initialises everything (synchronises `stream` before returning).
-  explicit hierarchy(const hierarchy_config& cfg, cudaStream_t stream = nullptr)
-      : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
-    space_ = make_space(cfg_);
-    if (!space_.addressable())
-      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
-    pages_per_request_ = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
-
-    int device = 0, can_map = 0, unified = 0;
-    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device));
-    if (!can_map || !unified)
-      throw invalid_configuration("the CUDA backend needs a device that maps pinned host memory with unified addressing");
-    const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests,
-                                                                                        widest_row_bytes<Layout>());
-    if (prep == cudaErrorInvalidConfiguration)
-      throw invalid_configuration("the fused resolver needs " +
-                                  std::to_string(resolver_shared_bytes()) +
-                                  " bytes of shared memory per CTA, more than this device offers");
-    DHISPARSE_CUDA_TRY(prep);
-    DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
-
-    live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
-    DHISPARSE_CUDA_TRY(cudaMemsetAsync(live_buffer_.data(), 0, live_buffer_.bytes(), stream_));
-    ring_ = detail::staging_ring(eager_bytes(cfg_.max_requests), staging_depth);
-    if (speculative()) {
-      DHISPARSE_CUDA_TRY((detail::prepare_verify<static_cast<int>(hot_rows), order_index>()));
-      verify_ring_ = detail::staging_ring(verify_eager_bytes(cfg_), staging_depth);
-      verify_slots_.assign(cfg_.max_requests, 0);
-    }
-    stamp_.assign(cfg_.max_requests, 0);
-    if (const std::size_t arena_bytes = staging_arena_bytes(cfg_); arena_bytes > 0) {
-      arenas_ = device_buffer<std::byte>(arena_bytes);
-      DHISPARSE_CUDA_TRY(cudaMemsetAsync(arenas_.data(), 0, arena_bytes, stream_));
-      arena_free_ = detail::unique_event(cudaEventDisableTiming);
-    }
-
-    for (std::size_t s = 0; s < sources; ++s) build_source(s);
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
+  /// Bytes of the host store of `source` for `cfg`: host_pages pages of page_rows rows of every
+  /// payload layer (`host_store::bytes_required`). What the adopting constructor needs per source.
+  static std::size_t host_store_bytes(const hierarchy_config& cfg, std::size_t source) {
+    check_source(source);
+    const hierarchy_config c = normalised(cfg);
+    const auto& d = Layout::sources[source];
+    return host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
   }
+  /// Alignment an adopted host store needs (the copy kernels move rows in 16-byte vectors).
+  static constexpr std::size_t host_store_alignment = 16;
+
+  /// Allocates and initialises everything, the host stores included (pinned with cudaHostAlloc).
+  /// Synchronises `stream` before returning.
+  explicit hierarchy(const hierarchy_config& cfg, cudaStream_t stream = nullptr)
+      : hierarchy(cfg, stream, adopted_stores{}) {}
+
+  /// As above, but the host stores are caller memory: `host_stores[s]` (one span per source, at
+  /// least `host_store_bytes(cfg, s)` bytes, `host_store_alignment`-aligned) must be page-locked
+  /// and mapped for this device (cudaHostAlloc with cudaHostAllocMapped, or cudaHostRegister with
+  /// cudaHostRegisterMapped; portable memory when several devices use it) and outlive the
+  /// hierarchy. Nothing is allocated or copied for them, so a large store costs no construction
+  /// time. Layout (host_store.hpp): page g of source s occupies bytes [g * P, (g + 1) * P) of
+  /// `host_stores[s]`, P = page_rows * payload_layers * row_bytes, and row r of payload layer l of a
+  /// request lives in the host page g its history page r / page_rows was given, at
+  /// g * P + (l * page_rows + r % page_rows) * row_bytes. Pages are given as histories grow
+  /// (append, commit, imports; a fresh store gives the lowest first) and return at `complete`;
+  /// `host_row(id, s, l, r).data()` is that address, so g = (host_row(id, s, 0, r).data() -
+  /// host_stores[s].data()) / P. The bytes are not interpreted at construction: every store
+  /// starts empty (no history, every page free) and rows enter through the history calls, which
+  /// write them there; bytes a caller later writes in place over a stored row are what a miss on
+  /// it copies to the GPU (zero-copy reads). Bytes past the pages are left alone. Throws
+  /// size_mismatch (wrong span count, a span too small) or invalid_configuration (misaligned, not
+  /// pinned, or not mapped for this device) before anything is allocated.
+  hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, cudaStream_t stream)
+      : hierarchy(cfg, stream, checked_host_stores(normalised(cfg), host_stores)) {}
 
   hierarchy(const hierarchy&) = delete;
   hierarchy& operator=(const hierarchy&) = delete;
-  /// Waits for the device before releasing memory that queued work may still use.
+  /// Waits for the whole device, then frees its memory: a device-wide wait by design, off the step
+  /// path. Waiting for fewer streams is not safe: the hierarchy's memory is used on streams it does
+  /// not know (resolves, verifies and copies on caller streams, a residency manager's copy stream;
+  /// its own stream may already be destroyed), and cudaFree of its device memory synchronises the
+  /// device anyway (CUDA Programming Guide, stream-ordered memory allocator). Adopted host stores
+  /// are not freed: they stay the caller's, and must outlive the work that used this hierarchy.
   ~hierarchy() { cudaDeviceSynchronize(); }
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
@@ -411,7 +417,8 @@ class hierarchy {
     launch(source, batch, stream, mode);
   }
 
-  /// Eager resolve, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  /// Eager resolve, then `check_errors(stream)`; returns the batch's stats (synchronises `stream`
+  /// and the hierarchy's stream, not the device).
   resolve_stats resolve_sync(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                              copy_layers mode = copy_layers::all) {
     resolve(source, batch, stream, mode);
@@ -474,29 +481,32 @@ class hierarchy {
   /// they live in shared arenas.
   [[nodiscard]] std::size_t pool_rows() const { return Staging::shared ? space_.staging_begin() : space_.rows(); }
 
+  // ------------------------------------------------------------------ per-step results
+  // Two ways out. The `_async` calls write caller memory in stream order and never synchronise:
+  // they are capturable and belong on the step path (an engine copies a step's stats and errors
+  // into pinned memory and looks at them later, off the step path). The others synchronise only
+  // the stream they are given, or the hierarchy's stream, never the device; results of work on
+  // another stream must be ordered before that stream first (an event, or a wait on the host).
+
   /// Synchronises `stream` and throws the typed error of the first bad batch entry of the first
   /// failing launch (any source) since the last check, naming request, batch entry and
   /// selection entry; the error record is cleared. Also throws device_error for CUDA errors.
+  /// Synchronises `stream` only (it reads and clears the records on `stream`).
   void check_errors(cudaStream_t stream) {
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
-      if (speculative()) check_verify_errors(s);
-      control_block cb;
-      DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src.ws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+      if (speculative()) check_verify_errors(s, stream);
+      const control_block cb = read_on(stream, src.ws.control, 1).front();
       if (cb.overflow != 0) {
-        DHISPARSE_CUDA_TRY(cudaMemset(&src.ws.control->overflow, 0, sizeof(std::uint32_t)));
-        DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // cleared before any later launch, whatever its stream
+        clear_on(stream, &src.ws.control->overflow);  // cleared before any later launch, whatever its stream
         throw size_mismatch("resolve on source " + std::to_string(s) + " was given a batch count of " +
                             std::to_string(cb.overflow) + ", above the batch_view capacity; extra entries were ignored");
       }
       if (cb.sticky_epoch == 0) continue;
-      std::vector<entry_error> recs(cfg_.max_requests);
-      DHISPARSE_CUDA_TRY(
-          cudaMemcpy(recs.data(), src.ws.sticky, recs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
-      DHISPARSE_CUDA_TRY(cudaMemset(&src.ws.control->sticky_epoch, 0, sizeof(std::uint32_t)));
-      DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+      const auto recs = read_on(stream, src.ws.sticky, cfg_.max_requests);
+      clear_on(stream, &src.ws.control->sticky_epoch);
       for (std::size_t t = 0; t < recs.size(); ++t)
         if (recs[t].epoch == cb.sticky_epoch && recs[t].code != status_ok)
           throw_error(to_errc(recs[t].code), describe(s, t, recs[t]));
@@ -505,33 +515,90 @@ class hierarchy {
   /// As above, for the hierarchy's stream.
   void check_errors() { check_errors(stream_); }
 
-  /// Per-entry stats of the last resolve launch of a source (synchronises the device).
+  /// Enqueues on `stream` a copy of the per-entry stats of the last resolve launch of `source`
+  /// before this point in `stream` into `out` (device memory, or pinned mapped host memory, valid
+  /// once `stream` has passed this call): entry t for t below the launch's entry count, zero past
+  /// it, so summing `out` gives the launch's totals whatever its size (up to max_requests entries).
+  /// `to_resolve_stats` converts an entry. No synchronisation and no allocation; capturable (a
+  /// replay copies the stats of the replayed launch). Throws size_mismatch for more than
+  /// max_requests entries, invalid_configuration when `out` is not device-accessible.
+  void copy_stats_async(std::size_t source, std::span<entry_stats> out, cudaStream_t stream) const {
+    check_source(source);
+    entry_stats* const to = readback_target(out.data(), out.size(), "copy_stats_async");
+    DHISPARSE_CUDA_TRY(detail::launch_snapshot_stats(src_[source].ws.control, src_[source].ws.stats, to,
+                                                     static_cast<unsigned>(out.size()), stream));
+  }
+  /// The verify twin of `copy_stats_async`: stats of the last verify of `source` (max_block >= 2).
+  /// Convert entries with `to_verify_stats`. Same contract: no synchronisation, capturable.
+  void copy_verify_stats_async(std::size_t source, std::span<verify_entry_stats> out, cudaStream_t stream) const {
+    check_speculative(source);
+    verify_entry_stats* const to = readback_target(out.data(), out.size(), "copy_verify_stats_async");
+    DHISPARSE_CUDA_TRY(detail::launch_snapshot_stats(src_[source].vws.control, src_[source].vws.stats, to,
+                                                     static_cast<unsigned>(out.size()), stream));
+  }
+  /// Takes the resolver error state of `source` in stream order: writes into `*out` (device memory,
+  /// or pinned mapped host memory) the first bad entry of the first failing resolve launch and any
+  /// over-capacity batch count since the state was last taken or checked, then clears it, as
+  /// `check_errors` does, so a later failure is recorded again. `throw_if_error` turns the record
+  /// into the typed error later, off the step path. No synchronisation; capturable (each replay
+  /// takes the state of its own launches). Resolve errors only: verify errors change the host
+  /// books (the failed round is marked unverified) and stay with `check_errors`.
+  void copy_errors_async(std::size_t source, error_record* out, cudaStream_t stream) {
+    check_source(source);
+    if (out == nullptr) throw size_mismatch("copy_errors_async needs a record to write");
+    error_record* const to = readback_target(out, 1, "copy_errors_async");
+    auto& src = src_[source];
+    DHISPARSE_CUDA_TRY(detail::launch_take_errors(src.ws.control, src.ws.sticky, static_cast<unsigned>(cfg_.max_requests),
+                                                  static_cast<unsigned>(source), to, stream));
+  }
+  /// Throws the typed error a record of `copy_errors_async` holds (the one `check_errors` would have
+  /// thrown: an over-capacity batch first, then the bad entry), or returns when it holds none.
+  /// Host only, no CUDA call. Requests are named by their current id when the slot is still held
+  /// by one, else by slot.
+  void throw_if_error(const error_record& r) const {
+    if (r.source >= sources || r.entry >= static_cast<std::int64_t>(cfg_.max_requests) ||
+        (r.entry >= 0 && std::string_view(to_string(to_errc(r.error.code))) == "unknown"))
+      throw invalid_configuration("not an error record of this hierarchy's copy_errors_async (source " +
+                                  std::to_string(r.source) + ", entry " + std::to_string(r.entry) + ")");
+    if (r.overflow != 0)
+      throw size_mismatch("resolve on source " + std::to_string(r.source) + " was given a batch count of " +
+                          std::to_string(r.overflow) + ", above the batch_view capacity; extra entries were ignored");
+    if (r.entry >= 0 && r.error.code != status_ok)
+      throw_error(to_errc(r.error.code), describe(r.source, static_cast<std::size_t>(r.entry), r.error));
+  }
+  /// A copied resolve entry as `resolve_stats` (bytes = rows x layers copied x the source's row bytes).
+  [[nodiscard]] static resolve_stats to_resolve_stats(std::size_t source, const entry_stats& r) {
+    check_source(source);
+    return {r.selected, r.direct, r.hot, r.host, r.rows_copied,
+            static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes};
+  }
+  /// A copied verify entry as `verify_stats`.
+  [[nodiscard]] static verify_stats to_verify_stats(std::size_t source, const verify_entry_stats& r) {
+    check_source(source);
+    return {r.selected, r.direct, r.block, r.hot, r.host, r.staged, r.rows_copied,
+            static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes,
+            r.staging_rows};
+  }
+
+  /// Per-entry stats of the last resolve launch of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<resolve_stats> last_stats(std::size_t source) const {
     check_source(source);
     const auto& src = src_[source];
     const control_block cb = read_control(source);
-    std::vector<entry_stats> raw(cb.last_count);
-    if (!raw.empty())
-      DHISPARSE_CUDA_TRY(cudaMemcpy(raw.data(), src.ws.stats, raw.size() * sizeof(entry_stats), cudaMemcpyDeviceToHost));
+    const auto raw = read_on(stream_, src.ws.stats, cb.last_count);
     std::vector<resolve_stats> out;
     out.reserve(raw.size());
-    for (const auto& r : raw)
-      out.push_back({r.selected, r.direct, r.hot, r.host, r.rows_copied,
-                     static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes});
+    for (const auto& r : raw) out.push_back(to_resolve_stats(source, r));
     return out;
   }
-  /// Per-entry status of the last resolve launch of a source (synchronises the device).
+  /// Per-entry status of the last resolve launch of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<entry_error> last_errors(std::size_t source) const {
     check_source(source);
     const control_block cb = read_control(source);
-    std::vector<entry_error> out(cb.last_count);
-    if (!out.empty())
-      DHISPARSE_CUDA_TRY(
-          cudaMemcpy(out.data(), src_[source].ws.errors, out.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
-    return out;
+    return read_on(stream_, src_[source].ws.errors, cb.last_count);
   }
   /// Host copies made by the last resolve of a source, in batch order then ascending row (the
-  /// host backend's `last_plan`; synchronises the device).
+  /// host backend's `last_plan`; synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<planned_copy> last_plan(std::size_t source) const {
     check_source(source);
     const auto& src = src_[source];
@@ -539,11 +606,10 @@ class hierarchy {
     std::vector<entry_stats> stats(cb.last_count);
     std::vector<entry_error> errs(cb.last_count);
     std::vector<plan_entry> plan(static_cast<std::size_t>(cb.last_count) * top_k);
-    if (cb.last_count != 0) {
-      DHISPARSE_CUDA_TRY(cudaMemcpy(stats.data(), src.ws.stats, stats.size() * sizeof(entry_stats), cudaMemcpyDeviceToHost));
-      DHISPARSE_CUDA_TRY(cudaMemcpy(errs.data(), src.ws.errors, errs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
-      DHISPARSE_CUDA_TRY(cudaMemcpy(plan.data(), src.ws.plan, plan.size() * sizeof(plan_entry), cudaMemcpyDeviceToHost));
-    }
+    enqueue_read(stream_, stats.data(), src.ws.stats, stats.size());
+    enqueue_read(stream_, errs.data(), src.ws.errors, errs.size());
+    enqueue_read(stream_, plan.data(), src.ws.plan, plan.size());
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
     std::vector<planned_copy> out;
     for (std::size_t t = 0; t < stats.size(); ++t)
       for (std::size_t m = 0; m < stats[t].rows_copied; ++m) {
@@ -851,7 +917,8 @@ class hierarchy {
     }
   }
 
-  /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises).
+  /// Eager verify, then `check_errors(stream)`; returns the batch's stats (synchronises `stream`
+  /// and the hierarchy's stream, not the device).
   verify_stats verify_sync(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
                            copy_layers mode = copy_layers::all) {
     verify(source, batch, stream, mode);
@@ -914,7 +981,8 @@ class hierarchy {
     check_source(source);
     return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
   }
-  /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the device.
+  /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the
+  /// device (then it synchronises the hierarchy's stream; otherwise host books, no CUDA call).
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
     check_source(source);
     if (!speculative()) return 0;
@@ -923,25 +991,19 @@ class hierarchy {
     return src_[source].verified[slot];
   }
 
-  /// Per-entry stats of the last verify of a source (synchronises the device).
+  /// Per-entry stats of the last verify of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<verify_stats> last_verify_stats(std::size_t source) const {
     check_speculative(source);
     const auto& src = src_[source];
     const control_block cb = read_verify_control(source);
-    std::vector<verify_entry_stats> raw(std::min<std::size_t>(cb.last_count, cfg_.max_requests));
-    if (!raw.empty())
-      DHISPARSE_CUDA_TRY(
-          cudaMemcpy(raw.data(), src.vws.stats, raw.size() * sizeof(verify_entry_stats), cudaMemcpyDeviceToHost));
+    const auto raw = read_on(stream_, src.vws.stats, std::min<std::size_t>(cb.last_count, cfg_.max_requests));
     std::vector<verify_stats> out;
     out.reserve(raw.size());
-    for (const auto& r : raw)
-      out.push_back({r.selected, r.direct, r.block, r.hot, r.host, r.staged, r.rows_copied,
-                     static_cast<std::size_t>(r.rows_copied) * r.layers_copied * Layout::sources[source].row_bytes,
-                     r.staging_rows});
+    for (const auto& r : raw) out.push_back(to_verify_stats(source, r));
     return out;
   }
   /// Host copies made by the last verify of a source, in batch order then ascending row (the host
-  /// backend's `last_plan` after a verify; synchronises the device).
+  /// backend's `last_plan` after a verify; synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<planned_copy> last_verify_plan(std::size_t source) const {
     check_speculative(source);
     const auto& src = src_[source];
@@ -950,11 +1012,10 @@ class hierarchy {
     std::vector<verify_entry_stats> stats(n);
     std::vector<entry_error> errs(n);
     std::vector<plan_entry> plan(n * src.vws.plan_stride);
-    if (n != 0) {
-      DHISPARSE_CUDA_TRY(cudaMemcpy(stats.data(), src.vws.stats, n * sizeof(verify_entry_stats), cudaMemcpyDeviceToHost));
-      DHISPARSE_CUDA_TRY(cudaMemcpy(errs.data(), src.vws.errors, n * sizeof(entry_error), cudaMemcpyDeviceToHost));
-      DHISPARSE_CUDA_TRY(cudaMemcpy(plan.data(), src.vws.plan, plan.size() * sizeof(plan_entry), cudaMemcpyDeviceToHost));
-    }
+    enqueue_read(stream_, stats.data(), src.vws.stats, n);
+    enqueue_read(stream_, errs.data(), src.vws.errors, n);
+    enqueue_read(stream_, plan.data(), src.vws.plan, plan.size());
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
     std::vector<planned_copy> out;
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t m = 0; m < stats[t].rows_copied; ++m) {
@@ -988,7 +1049,7 @@ class hierarchy {
     return src_[source].ws;
   }
 
-  /// Bytes at `loc` of a payload layer (synchronises the device; for tests and debugging).
+  /// Bytes at `loc` of a payload layer (synchronises the hierarchy's stream; for tests and debugging).
   [[nodiscard]] std::vector<std::byte> payload_row(std::size_t source, std::size_t layer, location loc) const {
     check_layer(source, layer);
     const std::size_t rb = Layout::sources[source].row_bytes;
@@ -999,48 +1060,51 @@ class hierarchy {
     if (staged) staging_.check_read(source);
     const std::byte* row = staged ? src_[source].staging_ptrs[layer] + (at - space_.staging_begin()) * rb
                                   : pool(source, layer) + at * rb;
-    std::vector<std::byte> out(rb);
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), row, rb, cudaMemcpyDeviceToHost));
-    return out;
+    return read_on(stream_, row, rb);
   }
-  /// Copies a whole payload layer's pool (pool_rows() * row_bytes bytes; synchronises).
+  /// Copies a whole payload layer's pool (pool_rows() * row_bytes bytes; synchronises the
+  /// hierarchy's stream).
   void copy_pool(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
     check_layer(source, layer);
     const std::size_t bytes = pool_rows() * Layout::sources[source].row_bytes;
     if (out.size() != bytes) throw size_mismatch("copy_pool needs " + std::to_string(bytes) + " bytes");
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), pool(source, layer), bytes, cudaMemcpyDeviceToHost));
+    enqueue_read(stream_, out.data(), pool(source, layer), bytes);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
   /// Copies a payload layer's staging rows, the locations from space().staging_begin() on
-  /// (slots * staging_rows rows; synchronises). With shared arenas only while `source` holds them.
+  /// (slots * staging_rows rows; synchronises the hierarchy's stream). With shared arenas only
+  /// while `source` holds them.
   void copy_staging(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
     check_layer(source, layer);
     staging_.check_read(source);
     const std::size_t bytes = space_.slots * space_.staging_rows * Layout::sources[source].row_bytes;
     if (out.size() != bytes) throw size_mismatch("copy_staging needs " + std::to_string(bytes) + " bytes");
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), src_[source].staging_ptrs[layer], bytes, cudaMemcpyDeviceToHost));
+    enqueue_read(stream_, out.data(), src_[source].staging_ptrs[layer], bytes);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  /// The host copy of a row in the pinned store (valid once the appending stream has synchronised).
+  /// The host copy of a row in the pinned store (host books, no CUDA call; its bytes are valid once
+  /// the appending stream has synchronised). Its address also tells which host page holds the row.
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
     return src_[source].books.host_row(registry_.slot(id), layer, row);
   }
-  /// Hot-cache contents of a request/source read back from the device (-1: empty way).
+  /// Hot-cache contents of a request/source read back from the device (-1: empty way; synchronises
+  /// the hierarchy's stream).
   [[nodiscard]] std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.hot_row, registry_.slot(id), hot_rows);
   }
-  /// LRU order of a request/source read back from the device, least recently used first.
+  /// LRU order of a request/source read back from the device, least recently used first
+  /// (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<order_index> lru_order_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.order, registry_.slot(id), hot_rows);
   }
-  /// Optional-history map of a request/source read back from the device (-1: not ready).
+  /// Optional-history map of a request/source read back from the device (-1: not ready;
+  /// synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<std::int32_t> optional_map_of(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.optional_page, registry_.slot(id), pages_per_request_);
   }
-  /// Frontier of a request/source read back from the device.
+  /// Frontier of a request/source read back from the device (synchronises the hierarchy's stream).
   [[nodiscard]] std::int64_t device_frontier(request_id id, std::size_t source) const {
     return read_slot_array(src_.at(source).view.frontier, registry_.slot(id), 1).front();
   }
@@ -1078,6 +1142,94 @@ class hierarchy {
   struct eager_layout {
     std::size_t count = 0, slots = 0, lengths = 0, sel = 0, loc = 0, total = 0;
   };
+  /// A caller-owned host store (empty span: the hierarchy allocates the store itself).
+  struct adopted_store {
+    std::span<std::byte> host;  // the store's pages, host address
+    std::byte* device = nullptr;  // the same bytes' device address
+  };
+  using adopted_stores = std::array<adopted_store, sources>;
+
+  /// Validates caller host stores for `c` (normalised); throws before anything is allocated.
+  static adopted_stores checked_host_stores(const hierarchy_config& c, std::span<const std::span<std::byte>> stores) {
+    if (stores.size() != sources)
+      throw size_mismatch("adopted host stores: " + std::to_string(stores.size()) + " spans given, the layout has " +
+                          std::to_string(sources) + " sources (one span per source)");
+    adopted_stores out{};
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& d = Layout::sources[s];
+      const std::size_t need = host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
+      const std::span<std::byte> span = stores[s];
+      const std::string who = "adopted host store of source " + std::to_string(s);
+      if (span.size() < need || span.data() == nullptr)
+        throw size_mismatch(who + " holds " + std::to_string(span.size()) + " bytes, needs " + std::to_string(need) +
+                            " (host_store_bytes: " + std::to_string(c.host_pages) + " pages)");
+      if (reinterpret_cast<std::uintptr_t>(span.data()) % host_store_alignment != 0)
+        throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
+      std::byte* const first = mapped_address(span.data());
+      std::byte* const last = mapped_address(span.data() + need - 1);
+      if (first == nullptr || last != first + (need - 1))
+        throw invalid_configuration(who + " is not device-accessible: it must be page-locked and mapped for this device "
+                                    "over its whole length (cudaHostAlloc with cudaHostAllocMapped, or cudaHostRegister "
+                                    "with cudaHostRegisterMapped)");
+      out[s] = {span.first(need), first};
+    }
+    return out;
+  }
+  /// Device address of pinned, mapped host byte `p` on the current device; null when `p` is not.
+  static std::byte* mapped_address(std::byte* p) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // older runtimes report unregistered memory as an error: not sticky
+      return nullptr;
+    }
+    if (attr.type != cudaMemoryTypeHost || attr.devicePointer == nullptr) return nullptr;
+    return static_cast<std::byte*>(attr.devicePointer);
+  }
+
+  /// The constructors' common part: allocates everything but the adopted host stores.
+  hierarchy(const hierarchy_config& cfg, cudaStream_t stream, const adopted_stores& adopted)
+      : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
+    space_ = make_space(cfg_);
+    if (!space_.addressable())
+      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
+    pages_per_request_ = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
+
+    int device = 0, can_map = 0, unified = 0;
+    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device));
+    if (!can_map || !unified)
+      throw invalid_configuration("the CUDA backend needs a device that maps pinned host memory with unified addressing");
+    const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests,
+                                                                                        widest_row_bytes<Layout>());
+    if (prep == cudaErrorInvalidConfiguration)
+      throw invalid_configuration("the fused resolver needs " +
+                                  std::to_string(resolver_shared_bytes()) +
+                                  " bytes of shared memory per CTA, more than this device offers");
+    DHISPARSE_CUDA_TRY(prep);
+    DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
+    DHISPARSE_CUDA_TRY((detail::preload_readback_kernels<entry_stats, verify_entry_stats>()));
+
+    live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(live_buffer_.data(), 0, live_buffer_.bytes(), stream_));
+    ring_ = detail::staging_ring(eager_bytes(cfg_.max_requests), staging_depth);
+    if (speculative()) {
+      DHISPARSE_CUDA_TRY((detail::prepare_verify<static_cast<int>(hot_rows), order_index>()));
+      verify_ring_ = detail::staging_ring(verify_eager_bytes(cfg_), staging_depth);
+      verify_slots_.assign(cfg_.max_requests, 0);
+    }
+    stamp_.assign(cfg_.max_requests, 0);
+    if (const std::size_t arena_bytes = staging_arena_bytes(cfg_); arena_bytes > 0) {
+      arenas_ = device_buffer<std::byte>(arena_bytes);
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(arenas_.data(), 0, arena_bytes, stream_));
+      arena_free_ = detail::unique_event(cudaEventDisableTiming);
+    }
+
+    for (std::size_t s = 0; s < sources; ++s) build_source(s, adopted[s]);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
 
   static hierarchy_config normalised(hierarchy_config c) {
     if (c.max_requests == 0) throw invalid_configuration("max_requests must be at least 1");
@@ -1283,30 +1435,22 @@ class hierarchy {
     return static_cast<std::size_t>(v);
   }
   control_block read_verify_control(std::size_t source) const {
-    control_block cb;
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src_[source].vws.control, sizeof(cb), cudaMemcpyDeviceToHost));
-    return cb;
+    return read_on(stream_, src_[source].vws.control, 1).front();
   }
   /// The verify part of `check_errors`: throws the first bad entry of the first failing verify of
   /// a source; every request whose entry failed there has its round marked unverified (its device
   /// state did not change, so a commit must follow a successful verify).
-  void check_verify_errors(std::size_t s) {
+  void check_verify_errors(std::size_t s, cudaStream_t stream) {
     auto& src = src_[s];
-    control_block cb;
-    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src.vws.control, sizeof(cb), cudaMemcpyDeviceToHost));
+    const control_block cb = read_on(stream, src.vws.control, 1).front();
     if (cb.overflow != 0) {
-      DHISPARSE_CUDA_TRY(cudaMemset(&src.vws.control->overflow, 0, sizeof(std::uint32_t)));
-      DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+      clear_on(stream, &src.vws.control->overflow);
       throw size_mismatch("verify on source " + std::to_string(s) + " was given a batch count of " +
                           std::to_string(cb.overflow) + ", above the batch capacity; extra entries were ignored");
     }
     if (cb.sticky_epoch == 0) return;
-    std::vector<entry_error> recs(cfg_.max_requests);
-    DHISPARSE_CUDA_TRY(
-        cudaMemcpy(recs.data(), src.vws.sticky, recs.size() * sizeof(entry_error), cudaMemcpyDeviceToHost));
-    DHISPARSE_CUDA_TRY(cudaMemset(&src.vws.control->sticky_epoch, 0, sizeof(std::uint32_t)));
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
+    const auto recs = read_on(stream, src.vws.sticky, cfg_.max_requests);
+    clear_on(stream, &src.vws.control->sticky_epoch);
     for (const auto& r : recs)
       if (r.epoch == cb.sticky_epoch && r.code != status_ok && r.slot >= 0 &&
           static_cast<std::size_t>(r.slot) < cfg_.max_requests)
@@ -1348,7 +1492,7 @@ class hierarchy {
     }
   }
 
-  void build_source(std::size_t s) {
+  void build_source(std::size_t s, const adopted_store& adopted) {
     const auto& d = Layout::sources[s];
     auto& src = src_[s];
     const offsets o = source_offsets(cfg_, s);
@@ -1358,10 +1502,17 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(base + o.way_of_row, 0xFF,  // every row: in no hot way
                                        sizeof(order_index) * cfg_.max_requests * cfg_.max_rows, stream_));
 
-    src.pinned = pinned_buffer(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
+    // The host store: adopted caller bytes, or a pinned allocation of its own.
+    std::span<std::byte> store_bytes = adopted.host;
+    std::byte* store_device = adopted.device;
+    if (store_device == nullptr) {
+      src.pinned = pinned_buffer(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
+      store_bytes = src.pinned.span();
+      store_device = src.pinned.device_data();
+    }
     src.books = dhisparse::detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                       host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
-                                                 src.pinned.span()));
+                                                 store_bytes));
 
     src.layer_ptrs.resize(d.payload_layers);
     src.staging_ptrs.resize(d.payload_layers);
@@ -1386,7 +1537,7 @@ class hierarchy {
     v.host_page = reinterpret_cast<std::int32_t*>(base + o.host_page);
     v.way_of_row = reinterpret_cast<order_index*>(base + o.way_of_row);
     v.live = live_buffer_.data();
-    v.host_store = src.pinned.device_data();
+    v.host_store = store_device;
     v.layer_pool = reinterpret_cast<std::byte* const*>(base + o.layer_ptrs);
     v.staging_pool = reinterpret_cast<std::byte* const*>(base + o.staging_ptrs);
     v.page_bytes = src.books.store().page_bytes();
@@ -1500,18 +1651,45 @@ class hierarchy {
     if (mode == copy_layers::producer_only)
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
   }
-  control_block read_control(std::size_t source) const {
-    control_block cb;
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(&cb, src_[source].ws.control, sizeof(cb), cudaMemcpyDeviceToHost));
-    return cb;
-  }
+  control_block read_control(std::size_t source) const { return read_on(stream_, src_[source].ws.control, 1).front(); }
   template <class T>
   std::vector<T> read_slot_array(const T* base, std::size_t slot, std::size_t n) const {
+    return read_on(stream_, base + slot * n, n);
+  }
+  /// Enqueues a copy of `n` device objects into host memory on `stream` (no wait).
+  template <class T>
+  static void enqueue_read(cudaStream_t stream, T* host, const T* device, std::size_t n) {
+    if (n != 0) DHISPARSE_CUDA_TRY(cudaMemcpyAsync(host, device, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  }
+  /// `n` device objects read in `stream` order; synchronises `stream` only.
+  template <class T>
+  static std::vector<T> read_on(cudaStream_t stream, const T* device, std::size_t n) {
     std::vector<T> out(n);
-    DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());
-    DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), base + slot * n, n * sizeof(T), cudaMemcpyDeviceToHost));
+    enqueue_read(stream, out.data(), device, n);
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     return out;
+  }
+  /// Zeroes a device word in `stream` order and waits for it, so every launch made after the
+  /// call returns, on any stream, sees it cleared (synchronises `stream` only).
+  static void clear_on(cudaStream_t stream, std::uint32_t* word) {
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(word, 0, sizeof(std::uint32_t), stream));
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  /// The device address a kernel writes `n` readback entries at `p` through; throws unless they
+  /// fit max_requests and `p` is device memory or pinned mapped host memory.
+  template <class T>
+  T* readback_target(T* p, std::size_t n, const char* call) const {
+    if (n > cfg_.max_requests)
+      throw size_mismatch(std::string(call) + ": " + std::to_string(n) + " entries, at most max_requests (" +
+                          std::to_string(cfg_.max_requests) + ")");
+    if (n == 0) return p;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) (void)cudaGetLastError();
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return p;
+    if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) return static_cast<T*>(attr.devicePointer);
+    if (pageable_access_) return p;
+    throw invalid_configuration(std::string(call) + ": the destination must be device memory or pinned mapped "
+                                "host memory (a kernel writes it)");
   }
   std::string request_name(std::int32_t slot) const {
     if (slot >= 0 && static_cast<std::size_t>(slot) < id_of_slot_.size() && id_of_slot_[slot])

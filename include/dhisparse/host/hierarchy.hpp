@@ -107,26 +107,29 @@ class host_hierarchy {
     return r;
   }
 
+  /// Bytes of the host store of `source` for `cfg` (`host_store::bytes_required` for host_pages
+  /// pages): what the adopting constructor needs per source.
+  static std::size_t host_store_bytes(const hierarchy_config& cfg, std::size_t source) {
+    check_source(source);
+    const hierarchy_config c = normalised(cfg);
+    const auto& d = Layout::sources[source];
+    return host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
+  }
+  /// Alignment an adopted host store needs (the CUDA backend's rule, kept here so both accept the same stores).
+  static constexpr std::size_t host_store_alignment = 16;
+
   /// Allocates the simulated pools and host stores for `cfg`; throws invalid_configuration when `cfg` cannot work
   /// (max_requests, max_rows or max_block zero, max_block > max_rows, rows or locations past int32).
-  explicit host_hierarchy(const hierarchy_config& cfg) : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
-    space_ = make_space(cfg_);
-    if (!space_.addressable())
-      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
-    for (std::size_t s = 0; s < sources; ++s) {
-      const auto& d = Layout::sources[s];
-      auto& src = src_[s];
-      src.host_bytes.resize(host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages));
-      src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
-                                        host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
-                                                   src.host_bytes));
-      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows_of(space_) * d.row_bytes));
-      src.layer_pending.assign(d.payload_layers, false);
-      src.state.resize(cfg_.max_requests);
-      for (auto& st : src.state) reset_hot(st);
-    }
-    if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
-  }
+  explicit host_hierarchy(const hierarchy_config& cfg) : host_hierarchy(cfg, std::span<const std::span<std::byte>>{}, false) {}
+
+  /// As above, but the host stores are caller memory, one span per source of at least
+  /// `host_store_bytes(cfg, s)` bytes, `host_store_alignment`-aligned, outliving the hierarchy (the
+  /// CUDA backend's adopting constructor, whose doc gives the page layout). The bytes are not
+  /// interpreted: every store starts empty and rows enter through the history calls, which write
+  /// them there. Throws size_mismatch (span count, a span too small) or invalid_configuration
+  /// (misaligned) before anything is allocated.
+  host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores)
+      : host_hierarchy(cfg, host_stores, true) {}
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
@@ -596,6 +599,49 @@ class host_hierarchy {
       slots.push_back(slot);
     }
     return slots;
+  }
+  /// The constructors' common part: `adopt` takes the host stores from `host_stores`.
+  host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, bool adopt)
+      : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
+    space_ = make_space(cfg_);
+    if (!space_.addressable())
+      throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
+    if (adopt) check_host_stores(host_stores);
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& d = Layout::sources[s];
+      auto& src = src_[s];
+      const std::size_t store_bytes = host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages);
+      std::span<std::byte> store;
+      if (adopt) {
+        store = host_stores[s].first(store_bytes);
+      } else {
+        src.host_bytes.resize(store_bytes);
+        store = src.host_bytes;
+      }
+      src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
+                                        host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, store));
+      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows_of(space_) * d.row_bytes));
+      src.layer_pending.assign(d.payload_layers, false);
+      src.state.resize(cfg_.max_requests);
+      for (auto& st : src.state) reset_hot(st);
+    }
+    if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
+  }
+  /// The adopting constructor's checks (count, size, alignment), in the CUDA backend's order.
+  void check_host_stores(std::span<const std::span<std::byte>> stores) const {
+    if (stores.size() != sources)
+      throw size_mismatch("adopted host stores: " + std::to_string(stores.size()) + " spans given, the layout has " +
+                          std::to_string(sources) + " sources (one span per source)");
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& d = Layout::sources[s];
+      const std::size_t need = host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages);
+      const std::string who = "adopted host store of source " + std::to_string(s);
+      if (stores[s].size() < need || stores[s].data() == nullptr)
+        throw size_mismatch(who + " holds " + std::to_string(stores[s].size()) + " bytes, needs " + std::to_string(need) +
+                            " (host_store_bytes: " + std::to_string(cfg_.host_pages) + " pages)");
+      if (reinterpret_cast<std::uintptr_t>(stores[s].data()) % host_store_alignment != 0)
+        throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
+    }
   }
   static void check_source(std::size_t source) {
     if (source >= sources)

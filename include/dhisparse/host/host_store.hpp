@@ -1,9 +1,12 @@
 #pragma once
 /// \file
 /// Paged store of complete request histories for one source (pinned host memory on a GPU
-/// machine). A page holds `page_rows` rows of every payload layer of the source:
-/// row r of layer l in page g lives at `g * page_bytes + (l * page_rows + r % page_rows) * row_bytes`.
-/// The store owns page allocation; the caller provides (and owns) the storage bytes.
+/// machine). A page holds `page_rows` rows of every payload layer of the source (page-major):
+/// row r of layer l in page g lives at `g * page_bytes + (l * page_rows + r % page_rows) * row_bytes`,
+/// page_bytes = page_rows * layers * row_bytes. The store owns page allocation; the caller
+/// provides (and owns) the storage bytes, which the store never reads or clears. This is the
+/// layout contract of adopted host stores (`cuda::hierarchy` and `host_hierarchy` constructors
+/// that take one span per source; docs/integration.md).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
