@@ -276,3 +276,21 @@ TEST_CASE("refill is fair across requests and across 61 sources after every repo
     for (std::size_t s = 0; s < kSources; ++s) CHECK(m.optional_pages_of(id, s) == kPerRequest);
   CHECK(m.audit().empty());
 }
+
+TEST_CASE("under a pinning policy every page a chunk completes is mapped from the reservation", "[residency][streaming]") {
+  // max_rows 32: 8 pages pinned per request and source; required 1, reserve 1, M = 12
+  residency_manager<H, resident_policy> m(hcfg(12, 2, 32), {1, 1});
+  REQUIRE(m.admit(1));
+  CHECK(m.ledger(7) == residency_ledger{12, 9, 0, 1});  // the whole reservation is in M_req
+  std::size_t delivered = 0;
+  for (std::size_t count : {6, 6, 6, 6, 6}) {
+    const std::size_t expect = (delivered + count) / kPage - delivered / kPage;
+    CHECK(m.import_history(1, 7, rows_of(1, 7, delivered, count), count) == expect);
+    delivered += count;
+    const std::size_t pages = delivered / kPage;
+    CHECK(m.optional_pages_of(1, 7) == pages);
+    CHECK(m.ledger(7) == residency_ledger{12, 9 - pages, pages, 1});  // reserved pages move to M_opt
+    CHECK(m.audit().empty());
+  }
+  CHECK(mapped_pages(m, 1, 7) == std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6});
+}
