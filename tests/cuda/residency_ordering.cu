@@ -508,6 +508,10 @@ TEST_CASE("an import from another stream is ordered after it, and that stream's 
     REQUIRE_THROWS_AS(f.m.import_history(1, 0, std::span<const std::byte>(two), 1), dh::size_mismatch);
     REQUIRE_THROWS_AS(f.m.import_history(1, 0, nullptr, 3), dh::size_mismatch);
     REQUIRE_THROWS_AS(f.m.import_history(1, 0, nullptr, kRows + 1), dh::capacity_exceeded);
+    int pageable = 0;
+    DHTEST_CUDA(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0));
+    if (pageable == 0)  // pageable host rows through the device-pointer overload
+      REQUIRE_THROWS_AS(f.m.import_history(1, 0, two.data(), 2), dh::invalid_configuration);
     REQUIRE(f.m.ledger(0) == ledger);
     REQUIRE(f.m.hierarchy().frontier(1, 0) == 0);
     f.require_audit("after bad chunks");

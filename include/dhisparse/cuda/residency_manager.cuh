@@ -39,6 +39,14 @@
 /// a claim is always satisfied once its pages retire. Invariant 3 counts retiring pages in M_opt,
 /// so `M_req + M_opt + M_res <= M` holds after every call.
 ///
+/// Streamed admission: `admit(id)` admits before the history exists; `import_history` then takes
+/// it per source and in chunks (device, pinned or host buffers), placing the pages each chunk
+/// completes as the host manager does. Pages lying wholly in a chunk are written into pool pages
+/// on the step stream (device-only); the page an earlier chunk began is filled from the host store
+/// on the copy stream. A chunk produced on another stream is ordered both ways with the step stream.
+///
+/// `hierarchy()` is read-only; `step()` hands out the per-step operations (step_handle.hpp).
+///
 /// Readers: locations returned by a resolve stay valid until the engine's later step-stream work;
 /// an engine that reads them on another stream must order that stream before the step stream
 /// (cudaStreamWaitEvent) so retirement waits for it too.
@@ -276,13 +284,15 @@ class residency_manager {
   /// a page an earlier chunk began is filled from the host store. A page placed earlier is never
   /// displaced. Returns the pages mapped (filling counts). Throws, state unchanged:
   /// unknown_request, invalid_source, size_mismatch (null rows), capacity_exceeded (past
-  /// max_rows), host_pool_exhausted, import_after_decode (the source has decode rows already).
+  /// max_rows), host_pool_exhausted, import_after_decode (the source has decode rows already),
+  /// invalid_configuration (pageable host rows on a device that cannot read them).
   std::size_t import_history(request_id id, std::size_t source, const std::byte* rows, std::size_t count,
                              cudaStream_t stream) {
     auto& b = check_chunk(id, source, count);
     if (count > 0 && rows == nullptr)
       throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(count) +
                           " rows from a null device pointer");
+    if (count > 0) check_device_accessible(rows);
     poll();
     const bool other = stream != step_;
     if (other) {
@@ -729,6 +739,18 @@ class residency_manager {
                                 std::to_string(s) + " (" + std::to_string(h_.positions(b.id, s)) + " positions, " +
                                 std::to_string(b.imported[s]) +
                                 " rows imported): history must be imported before decoding starts");
+  }
+  /// A kernel reads the rows: pageable host memory is refused unless the device can access it.
+  static void check_device_accessible(const std::byte* rows) {
+    cudaPointerAttributes attr{};
+    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    if (attr.type != cudaMemoryTypeUnregistered) return;
+    int device = 0, pageable = 0;
+    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
+    if (pageable == 0)
+      throw invalid_configuration("residency: import_history rows must be device-accessible (device or pinned "
+                                  "memory); use the std::span overload for pageable host memory");
   }
   /// Validates a streamed chunk: the request, the source, no decode rows yet, room in max_rows.
   request_books& check_chunk(request_id id, std::size_t s, std::size_t count) {
