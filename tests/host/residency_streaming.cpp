@@ -294,3 +294,9 @@ TEST_CASE("under a pinning policy every page a chunk completes is mapped from th
   }
   CHECK(mapped_pages(m, 1, 7) == std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6});
 }
+
+TEST_CASE("import_after_decode is a typed error appended after the existing categories", "[residency][streaming]") {
+  REQUIRE(static_cast<int>(errc::import_after_decode) == static_cast<int>(errc::staging_not_held) + 1);
+  REQUIRE(std::string(to_string(errc::import_after_decode)) == "import_after_decode");
+  REQUIRE_THROWS_AS(throw_error(errc::import_after_decode, "x"), import_after_decode);
+}
