@@ -176,11 +176,11 @@ class scenario {
     v.count = count_.get();
     v.stride = static_cast<std::uint32_t>(kTopK);
     v.capacity = static_cast<std::uint32_t>(m_.hierarchy().config().max_requests);
-    m_.hierarchy().resolve(0, v, stream_);
+    m_.step().resolve(0, v, stream_);
   }
   /// Checks every resolved row on the device; throws on a mismatch or a device-reported error.
   void verify(verifier& ver) {
-    m_.hierarchy().check_errors(stream_);
+    m_.step().check_errors(stream_);
     const auto r = ver.locations(sel_.get(), loc_.get(), req_.get(), static_cast<int>(ids_.size()), static_cast<int>(kTopK),
                                  static_cast<int>(kTopK), m_.hierarchy().pool(0, 0), m_.hierarchy().space().rows(),
                                  static_cast<int>(kRowBytes), stream_);

@@ -18,5 +18,6 @@
 #include "policies/residency.hpp"
 #include "policies/staging_arena.hpp"
 #include "resolver.hpp"
+#include "step_handle.hpp"
 #include "types.hpp"
 #include "version.hpp"

@@ -36,6 +36,8 @@ enum class errc {
   // Shared staging arenas (appended, same reason).
   staging_in_use,            ///< a verify on one source while another source holds the shared staging arenas
   staging_not_held,          ///< release, or a read of staging rows, by a source that does not hold the arenas
+  // Streamed admission (appended, same reason).
+  import_after_decode,       ///< history imported on a source after its first decode row (appended, staged or committed)
 };
 
 /// Short name of an error category, for messages and logs.
@@ -65,6 +67,7 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::draft_write_out_of_order: return "draft_write_out_of_order";
     case errc::staging_in_use: return "staging_in_use";
     case errc::staging_not_held: return "staging_not_held";
+    case errc::import_after_decode: return "import_after_decode";
   }
   return "unknown";
 }
@@ -114,6 +117,7 @@ using draft_position_not_live = typed_error<errc::draft_position_not_live>;
 using draft_write_out_of_order = typed_error<errc::draft_write_out_of_order>;
 using staging_in_use = typed_error<errc::staging_in_use>;
 using staging_not_held = typed_error<errc::staging_not_held>;
+using import_after_decode = typed_error<errc::import_after_decode>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -142,6 +146,7 @@ using staging_not_held = typed_error<errc::staging_not_held>;
     case errc::draft_write_out_of_order: throw draft_write_out_of_order(what);
     case errc::staging_in_use: throw staging_in_use(what);
     case errc::staging_not_held: throw staging_not_held(what);
+    case errc::import_after_decode: throw import_after_decode(what);
   }
   throw error(code, what);
 }

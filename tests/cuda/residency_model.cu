@@ -1,6 +1,8 @@
 // Model-based test of load-adaptive residency on the CUDA backend (cuda/residency_manager.cuh),
 // the GPU counterpart of tests/host/residency_model.cpp, shorter. Random operations (admissions
-// with imported history from device or host buffers, decode steps with resolves checked byte for
+// with imported history from device or host buffers, or streamed: admitted first, then the history
+// in random chunks through import_history from host buffers, device buffers and device buffers
+// written on a producer stream; decode steps with resolves checked byte for
 // byte then one appended row per source, completions, pressure spikes, retries of waiting
 // admissions, proactive backups, repopulation) over four policies, two ways:
 //  - lockstep: after every operation the GPU manager is drained and compared with the host
@@ -47,6 +49,7 @@ struct model_config {
 struct prefill {
   std::int64_t rows = 0;
   bool from_device = false;
+  bool streamed = false;  // admit(id) first, then the history in chunks through import_history
   std::array<std::vector<std::byte>, kSources> host;
   std::array<std::unique_ptr<dhc::device_buffer<std::byte>>, kSources> dev;
 };
@@ -115,11 +118,12 @@ class harness {
     for (request_id id : submitted_) REQUIRE(completed_.contains(id));
     const auto& c = m_.counters();
     std::printf("%-28s ops %zu: admitted %zu (waits: memory %zu, reclaim %zu, slot %zu), reclaimed %zu requests / %zu "
-                "pages, mapped %zu (repopulated %zu), resolved entries %zu, device imports %zu\n",
+                "pages, mapped %zu (repopulated %zu), resolved entries %zu, device imports %zu, streamed chunks %zu\n",
                 name.c_str(), ops, c.admissions, c.waits_for_memory, c.waits_for_reclaim, c.waits_for_slot,
                 c.requests_reclaimed, c.pages_reclaimed, c.pages_mapped, c.pages_repopulated, resolved_entries_,
-                device_imports_);
+                device_imports_, streamed_chunks_);
     REQUIRE(c.admissions == submitted_.size());
+    REQUIRE(streamed_chunks_ > 0);
   }
 
  private:
@@ -148,6 +152,7 @@ class harness {
       auto p = std::make_unique<prefill>();
       p->rows = static_cast<std::int64_t>(uniform(mc_.max_rows - 4));  // leave room for decode rows
       p->from_device = uniform(2) == 0;
+      p->streamed = uniform(3) == 0;
       for (std::size_t s = 0; s < kSources; ++s) {
         p->host[s] = make_rows<Layout>(id, s, 0, static_cast<std::size_t>(p->rows));
         if (p->from_device && p->rows > 0) {
@@ -176,6 +181,7 @@ class harness {
     auto& p = *prefills_.at(id);
     dh::residency_admission r;
     auto gpu_admit = [&] {
+      if (p.streamed) return m_.admit(id);
       if (p.from_device) {
         std::array<dhc::device_history_import, kSources> h{};
         for (std::size_t s = 0; s < kSources; ++s)
@@ -190,7 +196,7 @@ class harness {
     if (lockstep_) {
       std::array<dh::history_import, kSources> h{};
       for (std::size_t s = 0; s < kSources; ++s) h[s] = {p.host[s], static_cast<std::size_t>(p.rows)};
-      const auto e = ref_->admit(id, std::span<const dh::history_import>(h));
+      const auto e = p.streamed ? ref_->admit(id) : ref_->admit(id, std::span<const dh::history_import>(h));
       if (r.status == dh::admit_status::wait_for_reclaim) {
         // The host reclaims and admits in one call; the GPU retires the pages first.
         if (e.status != dh::admit_status::admitted || e.reclaimed_requests != r.reclaimed_requests ||
@@ -212,13 +218,62 @@ class harness {
       }
     }
     if (!r) return false;
-    if (p.from_device) ++device_imports_;
+    if (p.streamed) stream_in(id, p);
+    else if (p.from_device) ++device_imports_;
     live_.push_back(id);
     frontier_[id] = p.rows;
     // the prefill's buffers are no longer needed once the import is ordered on the step stream
     DHTEST_CUDA(cudaStreamSynchronize(step()));
     prefills_.erase(id);
     return true;
+  }
+
+  /// Delivers an admitted request's history in random chunks, sources interleaved at random: from
+  /// host memory, from device buffers ready on the step stream, and from device buffers written on
+  /// a producer stream, which overwrites each buffer right after the import (the manager orders
+  /// that after the import; a wrong order shows as wrong bytes in later resolves). In lockstep the
+  /// host manager takes the same chunks and must map the same pages for each.
+  void stream_in(request_id id, const prefill& p) {
+    const auto rows = static_cast<std::size_t>(p.rows);
+    std::array<std::size_t, kSources> at{};
+    std::vector<std::unique_ptr<dhc::device_buffer<std::byte>>> keep;
+    for (;;) {
+      std::vector<std::size_t> open;
+      for (std::size_t s = 0; s < kSources; ++s)
+        if (at[s] < rows) open.push_back(s);
+      if (open.empty()) break;
+      const std::size_t s = open[uniform(open.size())];
+      const std::size_t count = 1 + uniform(std::min<std::size_t>(rows - at[s], 20));
+      const auto host = make_rows<Layout>(id, s, static_cast<std::int64_t>(at[s]), count);
+      std::size_t got = 0;
+      const std::size_t how = uniform(3);
+      if (how == 0) {
+        got = m_.import_history(id, s, std::span<const std::byte>(host), count);
+      } else {
+        keep.push_back(std::make_unique<dhc::device_buffer<std::byte>>(host.size()));
+        std::byte* dev = keep.back()->data();
+        if (how == 1) {
+          DHTEST_CUDA(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+          got = m_.import_history(id, s, dev, count);
+        } else {
+          DHTEST_CUDA(cudaMemcpyAsync(dev, host.data(), host.size(), cudaMemcpyHostToDevice, producer_));
+          got = m_.import_history(id, s, dev, count, producer_);
+          DHTEST_CUDA(cudaMemsetAsync(dev, 0xA5, host.size(), producer_));  // after the import
+        }
+        ++device_imports_;
+      }
+      if (lockstep_) {
+        const std::size_t want = ref_->import_history(id, s, host, count);
+        if (got != want)
+          fail("chunk of " + std::to_string(count) + " rows at row " + std::to_string(at[s]) + " of request " +
+               std::to_string(id) + " on source " + std::to_string(s) + ": GPU mapped " + std::to_string(got) +
+               " pages, host " + std::to_string(want));
+      }
+      at[s] += count;
+      ++streamed_chunks_;
+    }
+    DHTEST_CUDA(cudaStreamSynchronize(producer_));
+    DHTEST_CUDA(cudaStreamSynchronize(step()));
   }
 
   void complete_one() {
@@ -258,13 +313,13 @@ class harness {
         items[e] = {batch[e], dsel_.data() + e * K, static_cast<std::int32_t>(K), dloc_.data() + e * K};
       }
       DHTEST_CUDA(cudaMemcpyAsync(dsel_.data(), sel.data(), sel.size() * sizeof(row_index), cudaMemcpyHostToDevice, step()));
-      m_.hierarchy().resolve(s, std::span<const typename Device::batch_item>(items), step());
+      m_.step().resolve(s, std::span<const typename Device::batch_item>(items), step());
       std::vector<location> loc(sel.size());
       DHTEST_CUDA(cudaMemcpyAsync(loc.data(), dloc_.data(), loc.size() * sizeof(location), cudaMemcpyDeviceToHost, step()));
       const auto pools = read_pools(s);
       wait_or_die(step(), ctx_ + ": resolve");
       try {
-        m_.hierarchy().check_errors(step());
+        m_.step().check_errors(step());
       } catch (const std::exception& ex) {
         fail(std::string("resolve reported an error: ") + ex.what());
       }
@@ -426,6 +481,8 @@ class harness {
   std::mt19937_64 rng_;
   Gpu m_;
   std::unique_ptr<Ref> ref_;
+  cudaStream_t producer_ = make_stream();  // a prefill engine's stream (streamed imports)
+  std::size_t streamed_chunks_ = 0;
   dhc::device_buffer<row_index> dsel_;
   dhc::device_buffer<location> dloc_;
   std::string ctx_;

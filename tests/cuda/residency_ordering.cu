@@ -8,7 +8,11 @@
 //  - pages backed up ahead of time (`back_up`) are unmapped at once by a reclaim;
 //  - with the step stream held, an unmapped page stays retiring (readers may still run) while
 //    admit and poll return at once;
-//  - bad admissions throw typed errors and change nothing.
+//  - bad admissions throw typed errors and change nothing;
+//  - streamed chunks (import_history) place pages as the host manager does: pages wholly in a chunk
+//    are written and published on the step stream at once, the page an earlier chunk began is
+//    filled on the (held) copy stream and stays invisible until published; an import from another
+//    stream waits for it and that stream's later work waits for the import; bad chunks throw.
 // Nothing here synchronises the whole device while the gate is closed: reads are stream-ordered
 // copies on the step stream into pinned buffers allocated up front, waited for with a deadline
 // shorter than the gate's own timeout (~10 s), and every read made while the gate is closed also
@@ -17,6 +21,7 @@
 #include "cuda_test_support.cuh"
 
 #include "dhisparse/cuda/residency_manager.cuh"
+#include "dhisparse/host/hierarchy.hpp"
 
 namespace {
 using namespace dhtest;
@@ -119,13 +124,13 @@ struct fixture {
       for (std::size_t i = 0; i < K; ++i) sel[i] = hs[i] = static_cast<row_index>(first + i);
       DHTEST_CUDA(cudaMemcpyAsync(dsel.data(), hs, K * sizeof(row_index), cudaMemcpyHostToDevice, stream));
       const typename Device::batch_item item{id, dsel.data(), static_cast<std::int32_t>(K), dloc.data()};
-      m.hierarchy().resolve(s, std::span<const typename Device::batch_item>(&item, 1), stream);
+      m.step().resolve(s, std::span<const typename Device::batch_item>(&item, 1), stream);
       DHTEST_CUDA(cudaMemcpyAsync(hloc.data(), dloc.data(), K * sizeof(location), cudaMemcpyDeviceToHost, stream));
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         DHTEST_CUDA(cudaMemcpyAsync(hpool[s][l].data(), m.hierarchy().pool(s, l), hpool[s][l].bytes(),
                                     cudaMemcpyDeviceToHost, stream));
       wait_step(stream, ctx + ": resolve", held);
-      m.hierarchy().check_errors(stream);  // the step stream is idle: no wait; no device-wide sync unless it throws
+      m.step().check_errors(stream);  // the step stream is idle: no wait; no device-wide sync unless it throws
       const std::vector<location> loc(hl, hl + K);
       std::vector<std::byte> want(d.row_bytes);
       for (std::size_t i = 0; i < K; ++i) {
@@ -418,6 +423,135 @@ TEST_CASE("retirement waits for earlier step-stream work, and the host never wai
   }
   REQUIRE(f.admit_from_host(2).status == dh::admit_status::admitted);
   for (std::size_t s = 0; s < Device::sources; ++s) REQUIRE(f.resolve_all(1, s, "after retirement") == 0);
+  f.m.drain();
+  f.require_audit("end");
+}
+
+TEST_CASE("streamed chunks place pages as the host manager does; a page an earlier chunk began is filled, not written",
+          "[gpu][residency][streaming]") {
+  require_device();
+  fixture f;
+  using HostRef = dh::residency_manager<dh::host_hierarchy<Layout, Hot>, dh::adaptive_policy<>>;
+  HostRef ref(f.hc(), {6, 0});
+  REQUIRE(f.m.admit(1).status == dh::admit_status::admitted);  // no history yet: 10 spare pages a source
+  REQUIRE(ref.admit(1));
+  // Chunks of 12 rows (pages of 8): every other chunk completes a page the previous chunk began.
+  // Device buffers are prepared before the gate closes (allocations may synchronise the device).
+  constexpr std::size_t kChunk = 12;
+  std::vector<std::unique_ptr<dhc::device_buffer<std::byte>>> keep;
+  std::vector<std::vector<std::byte>> host_chunks;
+  for (std::size_t s = 0; s < Device::sources; ++s)
+    for (std::size_t first = 0; first < kRows; first += kChunk) {
+      const std::size_t count = std::min(kChunk, kRows - first);
+      host_chunks.push_back(make_rows<Layout>(1, s, static_cast<std::int64_t>(first), count));
+      keep.push_back(std::make_unique<dhc::device_buffer<std::byte>>(host_chunks.back().size()));
+      DHTEST_CUDA(cudaMemcpy(keep.back()->data(), host_chunks.back().data(), host_chunks.back().size(),
+                             cudaMemcpyHostToDevice));
+    }
+  gate g;
+  g.close(f.m.copy_stream());  // fills of straddling pages stay pending; direct writes do not need it
+  std::size_t chunk = 0;
+  for (std::size_t s = 0; s < Device::sources; ++s)
+    for (std::size_t first = 0; first < kRows; first += kChunk, ++chunk) {
+      const std::size_t count = std::min(kChunk, kRows - first);
+      INFO("source " << s << " rows " << first << ".." << first + count - 1);
+      const std::size_t got = f.m.import_history(1, s, keep[chunk]->data(), count);
+      REQUIRE(got == ref.import_history(1, s, host_chunks[chunk], count));
+      f.require_audit("chunk imported");
+      // pages wholly in the chunk are written and published on the step stream; the page the
+      // previous chunk began is filling on the held copy stream
+      for (std::size_t p = first / kPageRows; p < (first + count) / kPageRows; ++p) {
+        const auto st = f.m.page_of(1, s, p);
+        INFO("page " << p);
+        if (p * kPageRows >= first) {
+          REQUIRE(st.state == dhc::page_state::ready);
+          REQUIRE(st.device_only);
+        } else {
+          REQUIRE(st.state == dhc::page_state::filling);
+          REQUIRE_FALSE(st.device_only);
+        }
+      }
+    }
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    const auto map = f.device_map(1, s, &g);
+    for (std::size_t p = 0; p < kRows / kPageRows; ++p)
+      REQUIRE(map[p] == (f.m.page_of(1, s, p).state == dhc::page_state::ready ? f.m.page_of(1, s, p).pool_page : -1));
+    f.resolve_all(1, s, "fills of straddling pages held", &g);  // exact, pending pages not returned
+  }
+  g.open();
+  f.m.drain();
+  f.require_audit("drained");
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    const auto want = ref.hierarchy().optional_map_of(1, s);
+    const auto map = f.device_map(1, s);
+    for (std::size_t p = 0; p < kRows / kPageRows; ++p) {
+      INFO("source " << s << " page " << p);
+      REQUIRE((want[p] >= 0) == (f.m.page_of(1, s, p).state == dhc::page_state::ready));
+      REQUIRE(map[p] == (want[p] >= 0 ? f.m.page_of(1, s, p).pool_page : -1));
+    }
+    REQUIRE(f.m.ledger(s) == ref.ledger(s));
+    f.resolve_all(1, s, "after the fills");
+  }
+}
+
+TEST_CASE("an import from another stream is ordered after it, and that stream's later work after the import",
+          "[gpu][residency][streaming]") {
+  require_device();
+  fixture f;
+  REQUIRE(f.m.admit(1).status == dh::admit_status::admitted);
+  {
+    // bad chunks: typed errors, state unchanged
+    const auto ledger = f.m.ledger(0);
+    const auto two = make_rows<Layout>(1, 0, 0, 2);
+    REQUIRE_THROWS_AS(f.m.import_history(9, 0, std::span<const std::byte>(two), 2), dh::unknown_request);
+    REQUIRE_THROWS_AS(f.m.import_history(1, 2, std::span<const std::byte>(two), 2), dh::invalid_source);
+    REQUIRE_THROWS_AS(f.m.import_history(1, 0, std::span<const std::byte>(two), 1), dh::size_mismatch);
+    REQUIRE_THROWS_AS(f.m.import_history(1, 0, nullptr, 3), dh::size_mismatch);
+    REQUIRE_THROWS_AS(f.m.import_history(1, 0, nullptr, kRows + 1), dh::capacity_exceeded);
+    int pageable = 0;
+    DHTEST_CUDA(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0));
+    if (pageable == 0)  // pageable host rows through the device-pointer overload
+      REQUIRE_THROWS_AS(f.m.import_history(1, 0, two.data(), 2), dh::invalid_configuration);
+    REQUIRE(f.m.ledger(0) == ledger);
+    REQUIRE(f.m.hierarchy().frontier(1, 0) == 0);
+    f.require_audit("after bad chunks");
+  }
+  cudaStream_t producer = new_stream();
+  for (std::size_t s = 0; s < Device::sources; ++s) {
+    const auto rows = make_rows<Layout>(1, s, 0, kRows);
+    dhc::device_buffer<std::byte> buf(rows.size());
+    DHTEST_CUDA(cudaMemsetAsync(buf.data(), 0, rows.size(), producer));
+    gate g;
+    g.close(producer);  // the producer's "prefill" has not run yet
+    dhc::pinned_buffer staged(rows.size());
+    std::memcpy(staged.data(), rows.data(), rows.size());
+    DHTEST_CUDA(cudaMemcpyAsync(buf.data(), staged.data(), rows.size(), cudaMemcpyHostToDevice, producer));
+    REQUIRE(f.m.import_history(1, s, buf.data(), kRows, producer) == kRows / kPageRows);
+    DHTEST_CUDA(cudaMemsetAsync(buf.data(), 0x5A, rows.size(), producer));  // the engine reuses its buffer
+    g.open();
+    DHTEST_CUDA(cudaStreamSynchronize(producer));
+    f.m.drain();
+    REQUIRE(f.resolve_all(1, s, "imported from the producer stream") == kRows - kPageRows);
+  }
+  f.require_audit("end");
+  cudaStreamDestroy(producer);
+}
+
+TEST_CASE("history after a source's first decode row is refused", "[gpu][residency][streaming]") {
+  require_device();
+  fixture f;
+  REQUIRE(f.m.admit(1).status == dh::admit_status::admitted);
+  const auto rows = make_rows<Layout>(1, 0, 0, 8);
+  REQUIRE(f.m.import_history(1, 0, std::span<const std::byte>(rows), 8) == 1);
+  const auto next = make_rows<Layout>(1, 0, 8, 1);
+  f.m.append(1, 0, std::span<const std::byte>(next), 1);  // decoding starts on source 0
+  const auto more = make_rows<Layout>(1, 0, 9, 1);
+  const auto ledger = f.m.ledger(0);
+  REQUIRE_THROWS_AS(f.m.import_history(1, 0, std::span<const std::byte>(more), 1), dh::import_after_decode);
+  REQUIRE(f.m.ledger(0) == ledger);
+  REQUIRE(f.m.hierarchy().frontier(1, 0) == 9);
+  const auto other = make_rows<Layout>(1, 1, 0, 8);
+  REQUIRE(f.m.import_history(1, 1, std::span<const std::byte>(other), 8) == 1);  // source 1 still takes history
   f.m.drain();
   f.require_audit("end");
 }

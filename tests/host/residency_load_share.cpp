@@ -72,7 +72,7 @@ shares run(std::size_t requests) {
       const auto tag = dhisparse_testing::request_tag(id);
       const std::int64_t f = m.hierarchy().frontier(id, 0);
       gens[i].next(f, sel);
-      out.stats += m.hierarchy().resolve(id, 0, sel, loc);
+      out.stats += m.step().resolve(id, 0, sel, loc);
       for (std::size_t j = 0; j < sel.size(); ++j)
         if (sel[j] != no_row && !dhisparse_testing::row_matches(m.hierarchy().payload(0, 0, loc[j]), tag, 0, 0, sel[j]))
           REQUIRE(dhisparse_testing::row_matches(m.hierarchy().payload(0, 0, loc[j]), tag, 0, 0, sel[j]));

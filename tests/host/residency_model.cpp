@@ -270,7 +270,7 @@ void run_model(const model_config& mc, const policy_rules& rules, std::size_t op
         if (std::find(sel.begin(), sel.end(), r) == sel.end()) e = r;
       }
       std::vector<location> loc(sel.size());
-      const auto st = m.hierarchy().resolve(a.id, s, sel, loc);
+      const auto st = m.step().resolve(a.id, s, sel, loc);
       if (st.selected != st.direct + st.hot + st.host) REQUIRE(st.selected == st.direct + st.hot + st.host);
       for (std::size_t j = 0; j < sel.size(); ++j) {
         if (sel[j] == no_row) {

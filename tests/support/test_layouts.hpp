@@ -23,4 +23,24 @@ struct two_source_layout {
 };
 static_assert(dhisparse::valid_layout<two_source_layout>);
 
+/// Sixty-one sources, one reindexing consumer each (a DeepSeek-V3.2-like model: every layer has its
+/// own indexer), with small rows and pages so that per-source fairness and streamed admission run
+/// at that source count in milliseconds.
+struct sixty_one_source_layout {
+  static constexpr std::size_t n_sources = 61;
+  static constexpr std::size_t top_k = 16;
+  static constexpr std::size_t page_rows = 4;
+  static constexpr std::array<dhisparse::source_desc, n_sources> sources = [] {
+    std::array<dhisparse::source_desc, n_sources> s{};
+    for (auto& d : s) d = {16, 1, 1, 0};
+    return s;
+  }();
+  static constexpr std::array<dhisparse::consumer_desc, n_sources> consumers = [] {
+    std::array<dhisparse::consumer_desc, n_sources> c{};
+    for (std::size_t i = 0; i < n_sources; ++i) c[i] = {i, dhisparse::consumer_kind::reindex, 0};
+    return c;
+  }();
+};
+static_assert(dhisparse::valid_layout<sixty_one_source_layout>);
+
 }  // namespace dhisparse_testing

@@ -39,6 +39,14 @@
 /// a claim is always satisfied once its pages retire. Invariant 3 counts retiring pages in M_opt,
 /// so `M_req + M_opt + M_res <= M` holds after every call.
 ///
+/// Streamed admission: `admit(id)` admits before the history exists; `import_history` then takes
+/// it per source and in chunks (device, pinned or host buffers), placing the pages each chunk
+/// completes as the host manager does. Pages lying wholly in a chunk are written into pool pages
+/// on the step stream (device-only); the page an earlier chunk began is filled from the host store
+/// on the copy stream. A chunk produced on another stream is ordered both ways with the step stream.
+///
+/// `hierarchy()` is read-only; `step()` hands out the per-step operations (step_handle.hpp).
+///
 /// Readers: locations returned by a resolve stay valid until the engine's later step-stream work;
 /// an engine that reads them on another stream must order that stream before the step stream
 /// (cudaStreamWaitEvent) so retirement waits for it too.
@@ -62,6 +70,7 @@
 #include "../hierarchy_types.hpp"
 #include "../host/residency_manager.hpp"
 #include "../policies/residency.hpp"
+#include "../step_handle.hpp"
 #include "../types.hpp"
 #include "detail/residency_kernels.cuh"
 #include "detail/stream_clock.cuh"
@@ -132,6 +141,7 @@ class residency_manager {
     DHISPARSE_CUDA_TRY(detail::preload_residency_kernels(h_.view(0)));
     DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     copy_ = detail::stream_clock(copy_stream_);
+    DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
   }
   residency_manager(const residency_manager&) = delete;
   residency_manager& operator=(const residency_manager&) = delete;
@@ -142,13 +152,15 @@ class residency_manager {
     copy_ = detail::stream_clock();
     step_clock_ = detail::stream_clock();
     cudaStreamDestroy(copy_stream_);
+    cudaEventDestroy(handoff_);
   }
 
-  /// The owned hierarchy, read-only.
+  /// The owned hierarchy, read-only: there is no mutable access, so nothing can admit, complete,
+  /// append, map or unmap behind the manager's books and page states.
   [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
-  /// The hierarchy, for resolve / copy_follower / reads. Never admit, complete, append, map or
-  /// unmap through it directly (use this class), or the books and the device maps disagree.
-  [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  /// The per-step operations on the hierarchy (resolve, copy_follower, the speculative round,
+  /// check_errors, views and pools; see step_handle.hpp). Enqueue them on the step stream.
+  [[nodiscard]] step_handle<Hierarchy> step() { return step_handle<Hierarchy>(h_); }
   /// The step stream: resolves, appends, imports, unmaps and completion resets are ordered on it.
   [[nodiscard]] cudaStream_t step_stream() const { return step_; }
   /// The manager's own non-blocking stream for page fills and backups (owned; destroyed with the manager).
@@ -196,7 +208,7 @@ class residency_manager {
     check_source(source);
     return books_of(id).mapped[source];
   }
-  /// Rows of a request's history imported at admission on a source.
+  /// Rows of a request's history imported on a source (at admission and by `import_history`).
   [[nodiscard]] std::int64_t imported_rows(request_id id, std::size_t source) const {
     check_source(source);
     return books_of(id).imported[source];
@@ -258,6 +270,65 @@ class residency_manager {
   /// As above (host memory), with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {
     return admit(id, std::span<const history_import>(history.begin(), history.size()));
+  }
+
+  /// Streamed admission (the host manager's `import_history`): the next `count` rows of an admitted
+  /// request's history on one source, from device-accessible memory (device or pinned host)
+  /// laid out [payload layer][count][row_bytes], as a prefill or a P/D transfer delivers them. The
+  /// rows are ready in `stream`'s order: when `stream` is not the step stream, the step stream
+  /// waits for it (on the device) before the import, and `stream` then waits for the step stream,
+  /// so whatever the engine enqueues on `stream` afterwards (reusing or freeing the buffer) follows
+  /// the import. On the step stream the buffer must stay valid until the import has run. The pages
+  /// the chunk completes are placed as on the host: those lying wholly in the chunk are written
+  /// into pool pages (device-only, host backup deferred), newest first while spare pages remain;
+  /// a page an earlier chunk began is filled from the host store. A page placed earlier is never
+  /// displaced. Returns the pages mapped (filling counts). Throws, state unchanged:
+  /// unknown_request, invalid_source, size_mismatch (null rows), capacity_exceeded (past
+  /// max_rows), host_pool_exhausted, import_after_decode (the source has decode rows already),
+  /// invalid_configuration (pageable host rows on a device that cannot read them).
+  std::size_t import_history(request_id id, std::size_t source, const std::byte* rows, std::size_t count,
+                             cudaStream_t stream) {
+    auto& b = check_chunk(id, source, count);
+    if (count > 0 && rows == nullptr)
+      throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(count) +
+                          " rows from a null device pointer");
+    if (count > 0) check_device_accessible(rows);
+    poll();
+    const bool other = stream != step_;
+    if (other) {
+      DHISPARSE_CUDA_TRY(cudaEventRecord(handoff_, stream));
+      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(step_, handoff_, 0));
+    }
+    const std::size_t mapped = import_chunk(b, source, count, [&](std::size_t device_pages) {
+      return h_.import_rows(id, source, rows, count, device_pages, step_);
+    });
+    if (other) {
+      DHISPARSE_CUDA_TRY(cudaEventRecord(handoff_, step_));
+      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, handoff_, 0));
+    }
+    return mapped;
+  }
+  /// As above, with the rows ready on the step stream.
+  std::size_t import_history(request_id id, std::size_t source, const std::byte* rows, std::size_t count) {
+    return import_history(id, source, rows, count, step_);
+  }
+  /// As above from any host memory (pageable included; the host manager's signature): the rows are
+  /// staged through a stream-ordered device allocation on the step stream. Also throws size_mismatch
+  /// for a byte count that is not `count` rows.
+  std::size_t import_history(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    auto& b = check_chunk(id, source, count);
+    const auto& d = layout::sources[source];
+    if (rows.size() != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(rows.size()) +
+                          " bytes for " + std::to_string(count) + " rows on source " + std::to_string(source) +
+                          ", expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+    poll();
+    if (count == 0) return 0;
+    return detail::with_device_copy(rows, step_, [&](const std::byte* copy) {
+      return import_chunk(b, source, count, [&](std::size_t device_pages) {
+        return h_.import_rows(id, source, copy, count, device_pages, step_);
+      });
+    });
   }
 
   /// Gives up a waiting admission's claim (the engine will not retry it).
@@ -329,7 +400,9 @@ class residency_manager {
     poll();
     std::array<detail::page_batch, sources> batch{};
     const std::size_t mapped = dhisparse::detail::repopulation_walk(
-        by_seq_, cursor_, traits::pages_per_attempt, sources, [&](request_books& b, std::size_t s) {
+        by_seq_, cursor_, traits::pages_per_attempt, sources,
+        [](const request_books& b, std::size_t s) { return b.mapped[s]; },
+        [&](request_books& b, std::size_t s) {
           if (b.reclaiming) return false;  // requests being reclaimed are passed over
           const auto page = newest_unmapped(b, s);
           return page >= 0 && fill_one(b, s, static_cast<std::size_t>(page), batch);
@@ -502,6 +575,7 @@ class residency_manager {
     std::array<std::size_t, sources> pinned_left{};  // pinning: reserved pages not yet mapped
     std::array<std::vector<page_entry>, sources> pages;
     bool reclaiming = false;
+    std::size_t refill_source = 0;  // repopulation_walk's source cursor
   };
   struct retiring_page {
     std::size_t source = 0;
@@ -622,23 +696,13 @@ class residency_manager {
     const std::size_t ppr = (h_.config().max_rows + page_rows - 1) / page_rows;
     for (std::size_t s = 0; s < sources; ++s) {
       b.pages[s].assign(ppr, page_entry{});
-      b.imported[s] = static_cast<std::int64_t>(rows[s]);
       b.pinned_left[s] = pinned_pages_per_request();
       required_[s] += cfg_.required_pages + b.pinned_left[s];
     }
     try {
-      for (std::size_t s = 0; s < imports; ++s) {
-        if (rows[s] == 0) continue;
-        std::size_t device_pages = 0;
-        if constexpr (traits::pins_history) device_pages = std::min(b.pinned_left[s], rows[s] / page_rows);
-        else if constexpr (traits::keeps_optional_history) device_pages = std::min(spare(s), rows[s] / page_rows);
-        const auto taken = import(s, device_pages);
-        for (const auto& [page, g] : taken) {
-          b.pages[s][page] = {page_state::ready, true, g, 0};
-          account_mapped(b, s);
-        }
-        result.mapped_pages += taken.size();
-      }
+      for (std::size_t s = 0; s < imports; ++s)
+        result.mapped_pages +=
+            import_chunk(b, s, rows[s], [&](std::size_t device_pages) { return import(s, device_pages); });
     } catch (...) {
       // Bad input found by the hierarchy: undo the admission; pages imported for earlier sources
       // retire behind the reset like a completion's.
@@ -664,6 +728,75 @@ class residency_manager {
     result.status = admit_status::admitted;
     ++counters_.admissions;
     return result;
+  }
+
+  /// Imported rows must be a prefix of the history: no decode row (appended, committed, or a staged
+  /// block) may precede them.
+  void check_not_decoding(const request_books& b, std::size_t s) const {
+    const auto m = static_cast<std::int64_t>(layout::sources[s].positions_per_row);
+    if (h_.positions(b.id, s) != b.imported[s] * m || h_.staged_rows(b.id, s) != 0)
+      throw import_after_decode("residency: request " + std::to_string(b.id) + " has decode rows on source " +
+                                std::to_string(s) + " (" + std::to_string(h_.positions(b.id, s)) + " positions, " +
+                                std::to_string(b.imported[s]) +
+                                " rows imported): history must be imported before decoding starts");
+  }
+  /// A kernel reads the rows: pageable host memory is refused unless the device can access it.
+  static void check_device_accessible(const std::byte* rows) {
+    cudaPointerAttributes attr{};
+    DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    if (attr.type != cudaMemoryTypeUnregistered) return;
+    int device = 0, pageable = 0;
+    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
+    if (pageable == 0)
+      throw invalid_configuration("residency: import_history rows must be device-accessible (device or pinned "
+                                  "memory); use the std::span overload for pageable host memory");
+  }
+  /// Validates a streamed chunk: the request, the source, no decode rows yet, room in max_rows.
+  request_books& check_chunk(request_id id, std::size_t s, std::size_t count) {
+    auto& b = books_of(id);
+    check_source(s);
+    check_not_decoding(b, s);
+    const std::size_t max_rows = h_.config().max_rows, frontier = static_cast<std::size_t>(h_.frontier(id, s));
+    if (count > max_rows - frontier)
+      throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(count) +
+                              " rows on source " + std::to_string(s) + " on top of " + std::to_string(frontier) +
+                              ", capacity is " + std::to_string(max_rows));
+    return b;
+  }
+  /// Imports one validated chunk of `count` rows resident-first, as the host manager places it: the
+  /// pages the chunk completes, newest first, while the ledger allows (a pinning policy: every one).
+  /// `import(device_pages)` runs hierarchy::import_rows, which writes the newest `device_pages`
+  /// pages lying wholly in the chunk straight into pool pages (device-only) and throws with nothing
+  /// changed. The page the chunk completes that an earlier chunk began is host-backed already: it
+  /// is filled from the host store on the copy stream, last (it is the oldest). A request being
+  /// reclaimed takes no page. Returns the pages mapped.
+  template <class Import>
+  std::size_t import_chunk(request_books& b, std::size_t s, std::size_t count, Import import) {
+    if (count == 0) return 0;
+    const auto before = static_cast<std::size_t>(b.imported[s]);
+    const std::size_t first = before / page_rows, last = (before + count) / page_rows;  // pages completed
+    const std::size_t first_whole = (before + page_rows - 1) / page_rows;               // ... lying in the chunk
+    const std::size_t whole = last > first_whole ? last - first_whole : 0;
+    std::size_t device_pages = 0;
+    if (!b.reclaiming) {
+      if constexpr (traits::pins_history) device_pages = std::min(b.pinned_left[s], whole);
+      else if constexpr (traits::keeps_optional_history) device_pages = std::min(spare(s), whole);
+    }
+    const auto taken = import(device_pages);
+    b.imported[s] += static_cast<std::int64_t>(count);
+    for (const auto& [page, g] : taken) {
+      b.pages[s][page] = {page_state::ready, true, g, 0};
+      account_mapped(b, s);
+    }
+    std::size_t mapped = taken.size();
+    if (traits::keeps_optional_history && !b.reclaiming && first < first_whole && first < last &&
+        taken.size() == whole) {
+      std::array<detail::page_batch, sources> batch{};
+      if (fill_one(b, s, first, batch)) ++mapped;
+      flush_fills(batch);
+    }
+    return mapped;
   }
 
   /// The new request's required pages fit the ledger now, other claims respected.
@@ -841,6 +974,7 @@ class residency_manager {
   residency_config cfg_;
   cudaStream_t step_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t handoff_ = nullptr;  // orders an import's stream and the step stream (import_history)
   detail::stream_clock copy_;
   detail::stream_clock step_clock_{step_};
   std::array<std::size_t, sources> required_{};  // M_req

@@ -20,18 +20,23 @@
 ///   admitted, its prefilled history imported through `append`, and complete pages of the imported
 ///   history are mapped as optional history, newest page first, while spare pages remain
 ///   (a pinning policy maps every complete page).
+/// - Streamed admission: `admit(id)` admits before the history exists; `import_history(id, source,
+///   rows, count)` then delivers it per source and in chunks. Each chunk's completed pages are placed
+///   as it arrives, newest first while spare pages remain; a page placed earlier is never displaced
+///   (so with spare pages short, the earliest chunks keep theirs and repopulation later fills the
+///   newest gaps first). `admit(id, history)` is `admit(id)` plus one chunk per source.
 /// - `complete(id)`: releases the request's slot, host pages, optional pages and required pages.
-/// - `repopulate()`: bounded round-robin refill: at most `pages_per_attempt` pages a call, one page
-///   per (request, source) per turn, newest unmapped eligible page first, starting after the last
-///   request served by the previous call.
+/// - `repopulate()`: bounded round-robin refill (detail/repopulation_walk.hpp): at most
+///   `pages_per_attempt` pages a call; a turn gives each request one page, on the source where it
+///   holds the fewest, its newest unmapped eligible page; turns start after the last request served.
 ///
 /// Invariant 1 holds trivially on the host backend: `append` writes every row's host copy
 /// synchronously, so reclaim never has to wait for a backup. Deferred host backup (resident-first
 /// on a GPU) is a CUDA-backend concern and is not modelled here.
 ///
-/// Use `hierarchy()` for `resolve`, `copy_follower` and reads, and this class's `append` (or the
-/// hierarchy's) for decode rows; never admit, complete, map or unmap through the hierarchy
-/// directly, or the ledger and the optional maps disagree (`audit` reports it).
+/// `hierarchy()` is read-only; `step()` gives the per-step operations (resolve, copy_follower, the
+/// speculative round), none of which can admit, complete, map or unmap, and this class's `append`
+/// takes decode rows.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -50,6 +55,7 @@
 #include "../hierarchy_types.hpp"
 #include "../layout.hpp"
 #include "../policies/residency.hpp"
+#include "../step_handle.hpp"
 #include "../types.hpp"
 
 namespace dhisparse {
@@ -173,10 +179,12 @@ class residency_manager {
     optional_.fill(0);
   }
 
-  /// The owned hierarchy, read-only.
+  /// The owned hierarchy, read-only: there is no mutable access, so nothing can admit, complete,
+  /// map or unmap behind the manager's books.
   [[nodiscard]] const Hierarchy& hierarchy() const { return h_; }
-  /// The hierarchy, for resolve / append / copy_follower / reads (see the file comment).
-  [[nodiscard]] Hierarchy& hierarchy() { return h_; }
+  /// The per-step operations on the hierarchy (resolve, copy_follower, stage_block, verify, commit,
+  /// release_staging); see step_handle.hpp.
+  [[nodiscard]] step_handle<Hierarchy> step() { return step_handle<Hierarchy>(h_); }
   /// The ledger sizes given at construction.
   [[nodiscard]] const residency_config& config() const { return cfg_; }
   /// Running totals since construction.
@@ -208,7 +216,7 @@ class residency_manager {
     check_source(source);
     return books_of(id).mapped[source];
   }
-  /// Rows of a request's history imported at admission on a source.
+  /// Rows of a request's history imported on a source (at admission and by `import_history`).
   [[nodiscard]] std::int64_t imported_rows(request_id id, std::size_t source) const {
     check_source(source);
     return books_of(id).imported[source];
@@ -218,7 +226,9 @@ class residency_manager {
     return detail::reclaim_sequence<traits::order>(by_seq_);
   }
 
-  /// Resident-first admission; see the file comment. Throws (state unchanged) on bad input:
+  /// Resident-first admission; see the file comment. `history` is empty (streamed admission: the
+  /// history arrives later through `import_history`) or one import per source, imported as one
+  /// chunk per source exactly as `import_history` would. Throws (state unchanged) on bad input:
   /// duplicate_admission, size_mismatch (history not one entry per source, or wrong byte count),
   /// capacity_exceeded (history longer than max_rows). Returns a wait status when capacity is short.
   residency_admission admit(request_id id, std::span<const history_import> history = {}) {
@@ -229,17 +239,8 @@ class residency_manager {
                           std::to_string(history.size()) + " sources, the layout has " + std::to_string(sources));
     std::array<std::size_t, sources> rows{};
     for (std::size_t s = 0; s < history.size(); ++s) {
-      const auto& d = layout::sources[s];
-      const auto& hi = history[s];
-      if (hi.count > h_.config().max_rows)
-        throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.count) +
-                                " rows on source " + std::to_string(s) + ", capacity is " +
-                                std::to_string(h_.config().max_rows));
-      if (hi.rows.size() != hi.count * d.payload_layers * d.row_bytes)
-        throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.rows.size()) +
-                            " bytes for " + std::to_string(hi.count) + " rows on source " + std::to_string(s) +
-                            ", expected " + std::to_string(hi.count * d.payload_layers * d.row_bytes));
-      rows[s] = hi.count;
+      check_chunk(id, s, 0, history[s].rows.size(), history[s].count);
+      rows[s] = history[s].count;
     }
     residency_admission result;
     if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
@@ -269,7 +270,7 @@ class residency_manager {
     std::vector<request_books*> victims;
     for (std::size_t i : *picked) victims.push_back(walk[i]);
 
-    // Commit: reclaim, admit, import, map.
+    // Commit: reclaim, admit, import each source as one chunk.
     for (request_books* v : victims) {
       std::size_t pages = 0;
       for (std::size_t s = 0; s < sources; ++s) pages += unmap_all(*v, s);
@@ -279,23 +280,16 @@ class residency_manager {
     result.reclaimed_requests = victims.size();
     const admission a = h_.admit(id);  // a slot is free: checked above
     result.slot = a.slot;
-    for (std::size_t s = 0; s < history.size(); ++s)
-      if (history[s].count > 0) h_.append(id, s, history[s].rows, history[s].count);  // validated above
     const std::uint64_t seq = next_seq_++;
     auto& b = by_seq_[seq];
     b.id = id;
     seq_of_.emplace(id, seq);
     for (std::size_t s = 0; s < sources; ++s) {
-      b.imported[s] = static_cast<std::int64_t>(rows[s]);
       b.pinned_left[s] = pinned_pages_per_request();
       required_[s] += cfg_.required_pages + b.pinned_left[s];
-      if constexpr (traits::keeps_optional_history) {
-        // newest complete page first, while spare pages remain (pinned: every complete page)
-        for (std::size_t page = rows[s] / page_rows; page-- > 0;)
-          if (!map_one(b, s, page)) break;
-      }
-      result.mapped_pages += b.mapped[s];
     }
+    for (std::size_t s = 0; s < history.size(); ++s)
+      result.mapped_pages += import_chunk(b, s, history[s].rows, history[s].count);  // validated above
     result.status = admit_status::admitted;
     ++counters_.admissions;
     return result;
@@ -303,6 +297,24 @@ class residency_manager {
   /// As above, with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {
     return admit(id, std::span<const history_import>(history.begin(), history.size()));
+  }
+
+  /// Streamed admission: the next `count` rows of an admitted request's history on one source, laid
+  /// out `[payload layer][count][row_bytes]` as for `append`, as a prefill or a P/D transfer
+  /// delivers them (any chunk size, sources in any order). The rows are imported history (eligible
+  /// optional history) and are appended behind the rows imported before. Placement is decided now:
+  /// the pages this chunk completes are mapped as optional history newest first while spare pages
+  /// remain (a pinning policy maps every one); a page mapped earlier is never displaced. Returns
+  /// the pages mapped. Throws, state unchanged: unknown_request, invalid_source, size_mismatch
+  /// (byte count), capacity_exceeded (past max_rows), host_pool_exhausted (the host store cannot
+  /// hold the chunk), import_after_decode (the source already has decode rows: appended, staged or
+  /// committed; a source's history is imported before its decode rows).
+  std::size_t import_history(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    auto& b = books_of(id);
+    check_source(source);
+    check_not_decoding(b, source);
+    check_chunk(id, source, static_cast<std::size_t>(h_.frontier(id, source)), rows.size(), count);
+    return import_chunk(b, source, rows, count);
   }
 
   /// Appends decode rows through the hierarchy (same contract and errors as host_hierarchy::append).
@@ -341,7 +353,9 @@ class residency_manager {
     ++counters_.repopulate_calls;
     if constexpr (!traits::keeps_optional_history) return 0;
     const std::size_t mapped = detail::repopulation_walk(
-        by_seq_, cursor_, traits::pages_per_attempt, sources, [&](request_books& b, std::size_t s) {
+        by_seq_, cursor_, traits::pages_per_attempt, sources,
+        [](const request_books& b, std::size_t s) { return b.mapped[s]; },
+        [&](request_books& b, std::size_t s) {
           const auto page = newest_unmapped(b, s);
           return page >= 0 && map_one(b, s, static_cast<std::size_t>(page));
         });
@@ -401,9 +415,10 @@ class residency_manager {
  private:
   struct request_books {
     request_id id = 0;
-    std::array<std::int64_t, sources> imported{};    // rows imported at admission
+    std::array<std::int64_t, sources> imported{};    // rows imported (admission and import_history)
     std::array<std::size_t, sources> mapped{};       // optional pages held (M_opt share)
     std::array<std::size_t, sources> pinned_left{};  // pinning: reserved pages not yet mapped (M_req share)
+    std::size_t refill_source = 0;                   // repopulation_walk's source cursor
   };
 
   static void check_source(std::size_t source) {
@@ -417,6 +432,46 @@ class residency_manager {
   }
   [[nodiscard]] request_books& books_of(request_id id) {
     return const_cast<request_books&>(std::as_const(*this).books_of(id));
+  }
+  /// Validates a chunk of `count` rows (`bytes` bytes) on top of `frontier` stored rows.
+  void check_chunk(request_id id, std::size_t s, std::size_t frontier, std::size_t bytes, std::size_t count) const {
+    const auto& d = layout::sources[s];
+    const std::size_t max_rows = h_.config().max_rows;
+    if (count > max_rows - frontier)
+      throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(count) +
+                              " rows on source " + std::to_string(s) + " on top of " + std::to_string(frontier) +
+                              ", capacity is " + std::to_string(max_rows));
+    if (bytes != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(bytes) +
+                          " bytes for " + std::to_string(count) + " rows on source " + std::to_string(s) +
+                          ", expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+  }
+  /// Imported rows must be a prefix of the history: no decode row (appended, committed, or a staged
+  /// block) may precede them.
+  void check_not_decoding(const request_books& b, std::size_t s) const {
+    const auto m = static_cast<std::int64_t>(layout::sources[s].positions_per_row);
+    if (h_.positions(b.id, s) != b.imported[s] * m || h_.staged_rows(b.id, s) != 0)
+      throw import_after_decode("residency: request " + std::to_string(b.id) + " has decode rows on source " +
+                                std::to_string(s) + " (" + std::to_string(h_.positions(b.id, s)) + " positions, " +
+                                std::to_string(b.imported[s]) +
+                                " rows imported): history must be imported before decoding starts");
+  }
+  /// Appends a validated chunk of imported history and maps the pages it completes, newest first,
+  /// while the ledger allows (a pinning policy: every one). Returns the pages mapped.
+  std::size_t import_chunk(request_books& b, std::size_t s, std::span<const std::byte> rows, std::size_t count) {
+    if (count == 0) return 0;
+    const auto before = static_cast<std::size_t>(b.imported[s]);
+    h_.append(b.id, s, rows, count);  // throws host_pool_exhausted with nothing changed
+    b.imported[s] += static_cast<std::int64_t>(count);
+    std::size_t mapped = 0;
+    if constexpr (traits::keeps_optional_history) {
+      const std::size_t first = before / page_rows, last = (before + count) / page_rows;  // pages completed
+      for (std::size_t page = last; page-- > first;) {
+        if (!map_one(b, s, page)) break;
+        ++mapped;
+      }
+    }
+    return mapped;
   }
   residency_admission& wait(residency_admission& r, admit_status why) {
     r.status = why;
