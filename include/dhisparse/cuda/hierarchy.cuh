@@ -669,7 +669,7 @@ class hierarchy {
         pool_of_page[page] = t->first;
         taken.emplace_back(page, t->first);
       }
-      const std::size_t lo = static_cast<std::size_t>(a.first_row) / page_rows, hi = a.last_page;
+      const std::size_t lo = static_cast<std::size_t>(a.first_row) / page_rows, hi = pages_for(a.last_row);
       void* tmp = nullptr;
       DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, pages_per_request_ * sizeof(std::int32_t), stream));
       auto* dev_pool_of_page = static_cast<std::int32_t*>(tmp);
