@@ -1219,10 +1219,18 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaMemcpy(out.data(), src_[source].staging_ptrs[layer], bytes, cudaMemcpyDeviceToHost));
   }
   /// The host copy of a row in the pinned store (valid once the appending stream has synchronised).
+  /// After batched writes the row must lie below the device frontier (read back, synchronising).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
-    return src_[source].books.host_row(registry_.slot(id), layer, row);
+    const std::size_t slot = registry_.slot(id);
+    const auto& books = src_[source].books;
+    if (!src_[source].device_writes) return books.host_row(slot, layer, row);
+    const std::int64_t f = device_frontier(id, source);  // the device leads; host pages are the books'
+    if (row < 0 || row >= f)
+      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist (" + std::to_string(f) +
+                                     " rows stored)");
+    return books.store().row(books.host_page_of(slot, row), layer, row);
   }
   /// Hot-cache contents of a request/source read back from the device (-1: empty way).
   [[nodiscard]] std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const {
