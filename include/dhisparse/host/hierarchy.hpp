@@ -277,15 +277,16 @@ class host_hierarchy {
     auto& books = src_[source].books;
     const auto slots = batch_slots(batch, "append", [&](std::size_t slot, const write_item& item) {
       const std::string who = "append of request " + std::to_string(item.request) + " to source " + std::to_string(source);
-      books.check_append(item.request, source, slot, item.count);  // max_rows first: no overflow below
+      // Within the reservation (which never passes max_rows); the size math below cannot overflow then.
+      const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
+      if (item.count > room)
+        throw capacity_exceeded(who + " of " + std::to_string(item.count) + " rows would pass its " +
+                                std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
+                                " left; reserve_rows first, at most max_rows)");
       if (item.rows.size() != item.count * d.payload_layers * d.row_bytes)
         throw size_mismatch(who + " got " + std::to_string(item.rows.size()) + " bytes for " +
                             std::to_string(item.count) + " rows, expected " +
                             std::to_string(item.count * d.payload_layers * d.row_bytes));
-      const std::int64_t last = books.slot(slot).frontier + static_cast<std::int64_t>(item.count);
-      if (last > books.reserved_rows(slot))
-        throw capacity_exceeded(who + " would reach row " + std::to_string(last) + ", past its " +
-                                std::to_string(books.reserved_rows(slot)) + " reserved rows (reserve_rows first)");
     });
     for (std::size_t b = 0; b < batch.size(); ++b)
       if (batch[b].count > 0) append_reserved(source, slots[b], batch[b].rows, batch[b].count);
