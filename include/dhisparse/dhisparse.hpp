@@ -8,6 +8,7 @@
 #include "host/host_store.hpp"
 #include "host/residency_manager.hpp"
 #include "layout.hpp"
+#include "layouts/deepseek_v32.hpp"
 #include "layouts/deepseek_v41_flash.hpp"
 #include "layouts/glm53.hpp"
 #include "layouts/tiny.hpp"

@@ -65,7 +65,9 @@
 #include "detail/resolve_kernel.cuh"
 #include "detail/staging_ring.cuh"
 #include "detail/verify_kernel.cuh"
+#include "detail/write_kernel.cuh"
 #include "error.cuh"
+#include "kv_write.cuh"
 #include "readback.cuh"
 #include "verify_views.cuh"
 #include "views.cuh"
@@ -148,6 +150,8 @@ class hierarchy {
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
     r.device_bytes += staging_arena_bytes(c);
+    r.device_bytes += sources * write_state_bytes(c.max_requests);  // batched write/commit error books
+    r.pinned_bytes += sources * mirror_bytes(c.max_requests);       // frontiers the host absorbs
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
     if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
     return r;
@@ -280,6 +284,7 @@ class hierarchy {
   void complete(request_id id) { complete(id, stream_); }
   /// As above, with the device state reset on `stream`.
   void complete(request_id id, cudaStream_t stream) {
+    absorb(stream);  // nothing of the slot may still be in flight when its mirror is cleared
     const std::size_t slot = registry_.slot(id);
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
     for (std::size_t s = 0; s < sources; ++s) {
@@ -292,6 +297,7 @@ class hierarchy {
         close_round(s, slot, stream);
         DHISPARSE_CUDA_TRY(detail::launch_verify_forget_slot(src.vws, static_cast<int>(slot), stream));
       }
+      mirror_books(s, slot);
     }
     registry_.release(id);
     id_of_slot_[slot].reset();
@@ -300,14 +306,21 @@ class hierarchy {
   // ------------------------------------------------------------------ history
 
   /// Rows stored for a request/source (host bookkeeping; the device copy follows in stream order).
+  /// After batched writes or commits (`append`/`commit` over a device view) the device leads:
+  /// the frontier is read back from the device then (synchronises).
   [[nodiscard]] std::int64_t frontier(request_id id, std::size_t source) const {
     check_source(source);
+    if (src_[source].device_writes) return device_frontier(id, source);
     return src_[source].books.slot(registry_.slot(id)).frontier;
   }
   /// Committed token positions of a request/source: frontier · m plus the committed positions of a
   /// partially filled boundary row (host bookkeeping; as `host_hierarchy::positions`).
   [[nodiscard]] std::int64_t positions(request_id id, std::size_t source) const {
     check_source(source);
+    if (src_[source].device_writes) {  // the device leads (see `frontier`)
+      const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
+      return device_frontier(id, source) * m + (speculative() ? device_partial(source, registry_.slot(id)) : 0);
+    }
     return committed_positions(source, registry_.slot(id));
   }
 
@@ -317,6 +330,7 @@ class hierarchy {
   /// allocated here).
   void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     check_source(source);
+    absorb(stream);
     const std::size_t slot = registry_.slot(id);
     src_[source].books.check_append(id, source, slot, count);
     if (count == 0) return;
@@ -329,6 +343,7 @@ class hierarchy {
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
               cudaStream_t stream) {
     check_source(source);
+    absorb(stream);
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
     src_[source].books.check_append(id, source, slot, count);  // capacity and host pages, before any size math
@@ -343,6 +358,149 @@ class hierarchy {
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     append(id, source, rows, count, stream_);
   }
+
+  // ------------------------------------------------------------------ batched writes (engine step)
+  // An engine reserves host pages outside its step graph every few steps (`reserve_ahead`), then
+  // captures `append(source, kv_write_view, stream)` (and `commit(source, commit_view, stream)`)
+  // with its resolves. The device frontier leads from then on; `sync_books` brings the host books
+  // up to date, and every eager call that depends on them does so itself (docs/design.md,
+  // "Batched writes").
+
+  /// Reserves host-store pages for a request/source ahead of its writes: afterwards pages cover
+  /// rows [0, min(max_rows, frontier + rows_ahead)); the new page-table entries are uploaded on
+  /// `stream`. All or nothing: throws host_pool_exhausted with nothing reserved. Not capturable.
+  void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead, cudaStream_t stream) {
+    check_source(source);
+    check_not_captured(stream, "reserve_rows");
+    absorb(stream);
+    const std::size_t slot = registry_.slot(id);
+    auto& books = src_[source].books;
+    books.check_reserve(id, source, books.pages_to_reserve(slot, rows_ahead));
+    const auto r = books.reserve(slot, rows_ahead);
+    try {
+      if (r.last_page > r.first_page)
+        // Pageable source: cudaMemcpyAsync stages it before returning, so the books may change later.
+        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src_[source].view.host_page + slot * pages_per_request_ + r.first_page,
+                                           books.slot(slot).host_pages.data() + r.first_page,
+                                           (r.last_page - r.first_page) * sizeof(std::int32_t),
+                                           cudaMemcpyHostToDevice, stream));
+    } catch (...) {
+      books.undo_reserve(slot, r);
+      throw;
+    }
+  }
+  /// As above, on the hierarchy's stream.
+  void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead) {
+    reserve_rows(id, source, rows_ahead, stream_);
+  }
+  /// `reserve_rows(id, s, rows_ahead)` for every admitted request and every source, all or
+  /// nothing (host_pool_exhausted names the first source short of pages); the page-table entries
+  /// of every source travel in one upload and one launch on `stream`. Not capturable: the engine
+  /// calls it between graph replays, every few steps.
+  void reserve_ahead(std::size_t rows_ahead, cudaStream_t stream) {
+    check_not_captured(stream, "reserve_ahead");
+    absorb(stream);
+    const auto admitted = registry_.admitted();
+    for (std::size_t s = 0; s < sources; ++s) {
+      std::size_t pages = 0;
+      for (const auto& [id, slot] : admitted) pages += src_[s].books.pages_to_reserve(slot, rows_ahead);
+      if (pages > src_[s].books.store().free_pages())
+        throw host_pool_exhausted("reserve_ahead of " + std::to_string(rows_ahead) + " rows needs " +
+                                  std::to_string(pages) + " host pages on source " + std::to_string(s) + ", " +
+                                  std::to_string(src_[s].books.store().free_pages()) + " free");
+    }
+    struct done_reservation {
+      std::size_t source, slot;
+      dhisparse::detail::history_books::reserve_span span;
+    };
+    std::vector<done_reservation> done;
+    std::vector<detail::page_table_update> updates;
+    for (std::size_t s = 0; s < sources; ++s)
+      for (const auto& [id, slot] : admitted) {
+        const auto r = src_[s].books.reserve(slot, rows_ahead);
+        if (r.last_page == r.first_page) continue;
+        done.push_back({s, slot, r});
+        for (std::size_t g = r.first_page; g < r.last_page; ++g)
+          updates.push_back({src_[s].view.host_page, slot * pages_per_request_ + g,
+                             static_cast<std::int32_t>(src_[s].books.slot(slot).host_pages[g])});
+      }
+    if (updates.empty()) return;
+    try {
+      void* tmp = nullptr;
+      const std::size_t bytes = updates.size() * sizeof(detail::page_table_update);
+      DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, bytes, stream));
+      // Pageable source: staged before the call returns, so `updates` may go.
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(tmp, updates.data(), bytes, cudaMemcpyHostToDevice, stream));
+      DHISPARSE_CUDA_TRY(
+          detail::launch_page_table_update(static_cast<const detail::page_table_update*>(tmp), updates.size(), stream));
+      DHISPARSE_CUDA_TRY(cudaFreeAsync(tmp, stream));
+    } catch (...) {
+      for (auto it = done.rbegin(); it != done.rend(); ++it) src_[it->source].books.undo_reserve(it->slot, it->span);
+      throw;
+    }
+  }
+  /// As above, on the hierarchy's stream.
+  void reserve_ahead(std::size_t rows_ahead) { reserve_ahead(rows_ahead, stream_); }
+  /// Rows of a request/source that have host pages (stored or reserved): a batched write or commit
+  /// may move its frontier up to here. Host books: reservations are made on the host only.
+  [[nodiscard]] std::int64_t reserved_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].books.reserved_rows(registry_.slot(id));
+  }
+
+  /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (one CTA per
+  /// entry) writes each entry's rows into the tail ring of every payload layer and through to the
+  /// mapped host store, then publishes the device frontier (and a pinned mirror of it for
+  /// `sync_books`). Reads only device memory, allocates nothing, fixed launch shape: capturable.
+  /// Entries are checked on the device (kv_write.cuh); a bad one is left untouched and thrown by
+  /// `check_errors`. Rows must lie within the request's reservation (`reserve_rows`). On a
+  /// speculative hierarchy a written entry supersedes its staged block, as the per-request append.
+  void append(std::size_t source, const kv_write_view& batch, cudaStream_t stream) {
+    check_source(source);
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.rows == nullptr || batch.layer_rows == nullptr)
+      throw size_mismatch("kv_write_view needs device slots, rows and layer_rows");
+    check_view_capacity(batch.capacity, "kv_write_view");
+    const std::size_t rb = Layout::sources[source].row_bytes;
+    if (batch.row_stride != 0 && (batch.row_stride < rb || batch.row_stride % 16 != 0))
+      throw size_mismatch("kv_write_view row_stride " + std::to_string(batch.row_stride) +
+                          " must be 0 or a multiple of 16 of at least the row's " + std::to_string(rb) + " bytes");
+    auto& src = src_[source];
+    DHISPARSE_CUDA_TRY(detail::launch_batched_write(src.view, src.wws, batch, src.vws, src.mirror_view, stream));
+    src.device_writes = true;
+    device_writes_ = true;
+  }
+
+  /// Brings the host books up to what the device did: synchronises `stream` (only it) and absorbs
+  /// the frontiers (and partial rows, closing those rounds) that batched appends and commits
+  /// published. Throws device_error if a frontier went back or past its reservation. Eager calls
+  /// that depend on the books call it themselves on their stream; an engine calls it before it
+  /// reads the books between replays. Not capturable.
+  void sync_books(cudaStream_t stream) {
+    check_not_captured(stream, "sync_books");
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    const auto admitted = registry_.admitted();
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      if (!src.device_writes) continue;
+      const auto* f = reinterpret_cast<const volatile std::int64_t*>(src.mirror.span().data());
+      const auto* p = reinterpret_cast<const volatile std::int32_t*>(src.mirror.span().data() + mirror_partial_offset());
+      for (const auto& [id, slot] : admitted) {
+        const std::int64_t rows = f[slot];
+        const auto part = static_cast<std::size_t>(p[slot]);
+        const bool moved = rows != src.books.slot(slot).frontier || (speculative() && part != src.partial[slot]);
+        if (!moved) continue;
+        src.books.absorb_frontier(id, s, slot, rows);
+        if (speculative()) {  // the batched append or commit closed the round
+          src.partial[slot] = part;
+          src.staged[slot] = 0;
+          src.verified[slot] = 0;
+        }
+      }
+    }
+  }
+  /// As above, on the hierarchy's stream.
+  void sync_books() { sync_books(stream_); }
 
   // ------------------------------------------------------------------ resolve
 
@@ -497,6 +655,7 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
+      check_write_errors(s, stream);
       if (speculative()) check_verify_errors(s, stream);
       const control_block cb = read_on(stream, src.ws.control, 1).front();
       if (cb.overflow != 0) {
@@ -626,6 +785,7 @@ class hierarchy {
   /// then publishes the map entry behind the copy. Returns false (a wait) when no page is free.
   bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
     check_source(source);
+    absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
     const auto taken = src.books.take_optional(id, source, slot, page);
@@ -675,6 +835,7 @@ class hierarchy {
   /// when the page already holds one.
   std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page) {
     check_source(source);
+    absorb(stream_);
     const std::size_t slot = registry_.slot(id);
     const auto taken = src_[source].books.take_optional(id, source, slot, page);
     if (!taken) return -1;
@@ -719,6 +880,7 @@ class hierarchy {
                                                                 std::size_t count, std::size_t device_pages,
                                                                 cudaStream_t stream) {
     check_source(source);
+    absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
     src.books.check_append(id, source, slot, count);
@@ -735,7 +897,7 @@ class hierarchy {
         pool_of_page[page] = t->first;
         taken.emplace_back(page, t->first);
       }
-      const std::size_t lo = static_cast<std::size_t>(a.first_row) / page_rows, hi = a.last_page;
+      const std::size_t lo = static_cast<std::size_t>(a.first_row) / page_rows, hi = pages_for(a.last_row);
       void* tmp = nullptr;
       DHISPARSE_CUDA_TRY(cudaMallocAsync(&tmp, pages_per_request_ * sizeof(std::int32_t), stream));
       auto* dev_pool_of_page = static_cast<std::int32_t*>(tmp);
@@ -760,6 +922,7 @@ class hierarchy {
       src.books.undo_append(slot, a);
       throw;
     }
+    mirror_books(source, slot);
     return taken;
   }
 
@@ -783,6 +946,7 @@ class hierarchy {
   /// packed sources: the boundary row first), into the tail ring only (not the host store; the
   /// frontier stays). Replaces a previous block.
   void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
+    absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     check_device_accessible(rows, "stage_block");
     stage_checked(source, slot, rows, count, stream);
@@ -791,6 +955,7 @@ class hierarchy {
   /// device allocation.
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
                    cudaStream_t stream) {
+    absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     const auto& d = Layout::sources[source];
     const std::size_t nrows = rows_of_block(source, slot, count);
@@ -818,6 +983,7 @@ class hierarchy {
               copy_layers mode = copy_layers::all) {
     check_speculative(source);
     check_not_capturing(stream, "verify", "verify(source, verify_batch_view, stream)");
+    absorb(stream);
     auto& src = src_[source];
     check_followers_copied(source, "verified");
     staging_.check_verify(source);
@@ -936,6 +1102,7 @@ class hierarchy {
   /// 0 <= accepted <= K_r - 1 of the last verify. Not capturable (host pages are allocated here).
   void commit(request_id id, std::size_t source, std::size_t accepted, cudaStream_t stream) {
     check_speculative(source);
+    absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
     if (src.device_rounds) src.verified[slot] = read_device_verified(source, slot, stream);
@@ -965,21 +1132,49 @@ class hierarchy {
     }
     src.partial[slot] = static_cast<std::size_t>(n_next % m);
     close_round(source, slot, stream);
+    mirror_books(source, slot);
   }
   /// As above, on the hierarchy's stream.
   void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
+
+  /// Commits one speculative round of every entry of `batch` on one source, with the accepted
+  /// counts read on the device (the engine's sampler writes them: no host round trip): ONE launch
+  /// (one CTA per entry) checks each entry's round (commit_without_verify, acceptance_beyond_block,
+  /// completed rows within the reservation: capacity_exceeded; recorded for `check_errors`, entry
+  /// untouched), backs the completed rows up from the tail ring to the host store, and publishes
+  /// the frontier and partial boundary row. The semantics of the per-request `commit`;
+  /// capturable. Rows must lie within the reservation (`reserve_rows`).
+  void commit(std::size_t source, const commit_view& batch, cudaStream_t stream) {
+    check_speculative(source);
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.accepted == nullptr)
+      throw size_mismatch("commit_view needs device slots and accepted counts");
+    check_view_capacity(batch.capacity, "commit_view");
+    auto& src = src_[source];
+    DHISPARSE_CUDA_TRY(detail::launch_batched_commit(src.view, src.cws, batch, src.vws, src.mirror_view, stream));
+    src.device_writes = true;
+    device_writes_ = true;
+  }
 
   /// Stored rows a block of `count` positions covers on a request/source: what `stage_block`
   /// expects (m = 1: `count`).
   [[nodiscard]] std::size_t block_rows(request_id id, std::size_t source, std::size_t count) const {
     check_source(source);
-    return rows_of_block(source, registry_.slot(id), count);
+    const std::size_t slot = registry_.slot(id);
+    if (speculative() && src_[source].device_writes) {  // the device leads (see `frontier`)
+      const auto b = static_cast<std::size_t>(device_partial(source, slot));
+      return count == 0 ? 0 : (b + count - 1) / Layout::sources[source].positions_per_row + 1;
+    }
+    return rows_of_block(source, slot, count);
   }
 
   /// Positions of the request/source's staged block (0: none), and K_r of its last verify (0: none since staging).
   [[nodiscard]] std::size_t staged_rows(request_id id, std::size_t source) const {
     check_source(source);
-    return speculative() ? src_[source].staged[registry_.slot(id)] : 0;
+    if (!speculative()) return 0;
+    if (src_[source].device_writes)  // a batched commit may have closed the round on the device
+      return static_cast<std::size_t>(read_slot_array(src_[source].vws.staged, registry_.slot(id), 1).front());
+    return src_[source].staged[registry_.slot(id)];
   }
   /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the
   /// device (then it synchronises the hierarchy's stream; otherwise host books, no CUDA call).
@@ -1084,10 +1279,18 @@ class hierarchy {
   }
   /// The host copy of a row in the pinned store (host books, no CUDA call; its bytes are valid once
   /// the appending stream has synchronised). Its address also tells which host page holds the row.
+  /// After batched writes the row must lie below the device frontier (read back, synchronising).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
-    return src_[source].books.host_row(registry_.slot(id), layer, row);
+    const std::size_t slot = registry_.slot(id);
+    const auto& books = src_[source].books;
+    if (!src_[source].device_writes) return books.host_row(slot, layer, row);
+    const std::int64_t f = device_frontier(id, source);  // the device leads; host pages are the books'
+    if (row < 0 || row >= f)
+      throw position_beyond_frontier("row " + std::to_string(row) + " does not exist (" + std::to_string(f) +
+                                     " rows stored)");
+    return books.store().row(books.host_page_of(slot, row), layer, row);
   }
   /// Hot-cache contents of a request/source read back from the device (-1: empty way; synchronises
   /// the hierarchy's stream).
@@ -1131,6 +1334,13 @@ class hierarchy {
     std::vector<std::size_t> verified;     // per slot: K_r of the last verify since staging, 0 if none
     bool follower_plan_from_verify = false;  // pending follower copies replay the verify plan
     bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
+    // batched writes and commits over device descriptors (kv_write.cuh)
+    device_buffer<std::byte> write_state;  // error books of both kinds of batched launch
+    detail::write_workspace_view wws{};    // batched appends
+    detail::write_workspace_view cws{};    // batched commits
+    pinned_buffer mirror;                  // frontiers and partial rows published by the kernels
+    detail::books_mirror_view mirror_view{};  // device addresses of `mirror`
+    bool device_writes = false;            // a batched append or commit was enqueued: the device leads
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, staging_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
@@ -1210,6 +1420,7 @@ class hierarchy {
                                   " bytes of shared memory per CTA, more than this device offers");
     DHISPARSE_CUDA_TRY(prep);
     DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
+    DHISPARSE_CUDA_TRY(detail::preload_write_kernels<order_index>());
     DHISPARSE_CUDA_TRY((detail::preload_readback_kernels<entry_stats, verify_entry_stats>()));
 
     live_buffer_ = device_buffer<std::uint32_t>(cfg_.max_requests);
@@ -1583,6 +1794,101 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
 
     src.layer_pending.assign(d.payload_layers, false);
+    build_write_state(s);
+  }
+
+  // ---- batched writes and commits
+  static constexpr std::size_t write_control_bytes = 256;  // one write_control, carver-aligned
+  /// Device bytes of one source's batched-launch error books: a control block and N records, twice.
+  static std::size_t write_state_bytes(std::size_t slots) {
+    return 2 * (write_control_bytes + (slots * sizeof(entry_error) + 255) / 256 * 256);
+  }
+  /// Pinned bytes of one source's books mirror: N frontiers, then N partial rows.
+  static std::size_t mirror_bytes(std::size_t slots) { return slots * (sizeof(std::int64_t) + sizeof(std::int32_t)); }
+  [[nodiscard]] std::size_t mirror_partial_offset() const { return cfg_.max_requests * sizeof(std::int64_t); }
+  void build_write_state(std::size_t s) {
+    auto& src = src_[s];
+    const std::size_t n = cfg_.max_requests;
+    src.write_state = device_buffer<std::byte>(write_state_bytes(n));
+    std::byte* base = src.write_state.data();
+    const std::size_t half = write_state_bytes(n) / 2;
+    const detail::write_control fresh{};
+    for (int k = 0; k < 2; ++k) {
+      std::byte* at = base + k * half;
+      detail::write_workspace_view& w = k == 0 ? src.wws : src.cws;
+      w.control = reinterpret_cast<detail::write_control*>(at);
+      w.sticky = reinterpret_cast<entry_error*>(at + write_control_bytes);
+      w.capacity = static_cast<std::uint32_t>(n);
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(w.control, &fresh, sizeof(fresh), cudaMemcpyHostToDevice, stream_));
+    }
+    src.mirror = pinned_buffer(mirror_bytes(n));
+    std::memset(src.mirror.span().data(), 0, mirror_bytes(n));  // every slot: no rows
+    src.mirror_view.frontier = reinterpret_cast<std::int64_t*>(src.mirror.device_data());
+    src.mirror_view.partial = reinterpret_cast<std::int32_t*>(src.mirror.device_data() + mirror_partial_offset());
+  }
+  /// Absorbs what the device did when batched launches ran (sync_books); nothing otherwise.
+  void absorb(cudaStream_t stream) {
+    if (device_writes_) sync_books(stream);
+  }
+  /// The host books of a slot changed on the host: its mirror follows (nothing of it is in flight:
+  /// eager calls absorbed first).
+  void mirror_books(std::size_t s, std::size_t slot) {
+    auto& src = src_[s];
+    reinterpret_cast<std::int64_t*>(src.mirror.span().data())[slot] = src.books.slot(slot).frontier;
+    reinterpret_cast<std::int32_t*>(src.mirror.span().data() + mirror_partial_offset())[slot] =
+        speculative() ? static_cast<std::int32_t>(src.partial[slot]) : 0;
+  }
+  [[nodiscard]] std::int64_t device_partial(std::size_t source, std::size_t slot) const {
+    return read_slot_array(src_[source].vws.partial, slot, 1).front();
+  }
+  void check_view_capacity(std::uint32_t capacity, const char* view) const {
+    if (capacity > cfg_.max_requests)
+      throw size_mismatch(std::string(view) + " capacity " + std::to_string(capacity) + " exceeds max_requests " +
+                          std::to_string(cfg_.max_requests));
+  }
+  static void check_not_captured(cudaStream_t stream, const char* call) {
+    if (capturing(stream))
+      throw invalid_configuration(std::string(call) +
+                                  " works on the host books and cannot be captured: call it between graph replays");
+  }
+  /// The batched-launch part of `check_errors`: throws the first bad entry of the first failing
+  /// batched append, then commit, of a source, and clears the record.
+  void check_write_errors(std::size_t s, cudaStream_t stream) {
+    for (int k = 0; k < 2; ++k) {
+      const detail::write_workspace_view& w = k == 0 ? src_[s].wws : src_[s].cws;
+      const detail::write_control ctl = read_on(stream, w.control, 1).front();
+      if (ctl.first_error == ~0ull) continue;
+      const auto e = static_cast<std::size_t>(ctl.first_error & 0xFFFFFFFFull);
+      const entry_error r = read_on(stream, w.sticky + e, 1).front();
+      // Cleared in `stream` order and waited for, so every later launch, on any stream, sees it cleared.
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(&w.control->first_error, 0xFF, sizeof(ctl.first_error), stream));
+      DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+      throw_error(to_errc(r.code), describe_write(s, e, r, k == 0 ? "append" : "commit"));
+    }
+  }
+  std::string describe_write(std::size_t source, std::size_t e, const entry_error& r, const char* call) const {
+    const std::string where =
+        " (" + std::string(call) + " batch entry " + std::to_string(e) + ", source " + std::to_string(source) + ")";
+    const std::string who = std::string(call) + " of " + request_name(r.slot) + " on source " + std::to_string(source);
+    switch (to_errc(r.code)) {
+      case errc::unknown_request:
+        return "request slot " + std::to_string(r.value) + " holds no admitted request" + where;
+      case errc::duplicate_in_batch:
+        return request_name(r.slot) + " appears twice in one " + call + " batch" + where;
+      case errc::size_mismatch:
+        return who + ": " + std::to_string(r.value) + " rows, outside [0, the kv_write_view's max_rows]" + where;
+      case errc::capacity_exceeded:
+        return who + " would reach row " + std::to_string(r.value) + " (frontier " + std::to_string(r.frontier) +
+               "), past its reserved rows or max_rows " + std::to_string(cfg_.max_rows) +
+               " (reserve_rows / reserve_ahead first)" + where;
+      case errc::commit_without_verify:
+        return who + " without a verify since its last stage_block" + where;
+      case errc::acceptance_beyond_block:
+        return who + " accepts " + std::to_string(r.value) + " proposals, the verified round had " +
+               std::to_string(r.index - 1) + where;
+      default:
+        return std::string(to_string(to_errc(r.code))) + where;
+    }
   }
 
   [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
@@ -1636,6 +1942,7 @@ class hierarchy {
       src.books.undo_append(slot, a);  // the books follow the device: nothing was appended
       throw;
     }
+    mirror_books(source, slot);
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
     auto& src = src_[source];
@@ -1734,6 +2041,7 @@ class hierarchy {
   resolve_params tuning_{};  ///< the tuning switches above; layers_to_copy is set per launch
   unsigned resolver_ctas_ = 0;
   bool programmatic_launch_ = false;  // set_programmatic_launch
+  bool device_writes_ = false;        // some source had a batched append or commit: eager calls absorb first
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)

@@ -25,6 +25,7 @@ class history_books {
   /// What one request slot holds.
   struct slot_books {
     std::int64_t frontier = 0;               ///< rows stored
+    std::size_t allocated_pages = 0;          ///< history pages [0, allocated_pages) hold host pages (stored or reserved)
     std::vector<page_id> host_pages;          ///< history page -> host-store page, no_page if none yet
     std::vector<std::int32_t> optional_page;  ///< history page -> optional pool page, -1 if none
   };
@@ -32,6 +33,10 @@ class history_books {
   struct append_span {
     std::int64_t first_row = 0, last_row = 0;  ///< rows [first_row, last_row) were appended
     std::size_t first_page = 0, last_page = 0;  ///< history pages [first_page, last_page) were allocated
+  };
+  /// History pages a reservation allocated: [first_page, last_page) (empty when none was needed).
+  struct reserve_span {
+    std::size_t first_page = 0, last_page = 0;
   };
 
   history_books() = default;
@@ -61,6 +66,57 @@ class history_books {
     return store_.row(host_page_of(s, row), layer, row);
   }
 
+  /// Rows of a slot that have host pages now (stored or reserved): what a write that allocates
+  /// nothing may reach.
+  [[nodiscard]] std::int64_t reserved_rows(std::size_t s) const {
+    return static_cast<std::int64_t>(std::min(max_rows_, slots_[s].allocated_pages * page_rows_));
+  }
+  /// Host pages a reservation of `rows_ahead` rows past the frontier needs for a slot: pages
+  /// covering rows [0, min(max_rows, frontier + rows_ahead)) that it does not hold yet.
+  [[nodiscard]] std::size_t pages_to_reserve(std::size_t s, std::size_t rows_ahead) const {
+    const auto& st = slots_[s];
+    const auto room = static_cast<std::size_t>(static_cast<std::int64_t>(max_rows_) - st.frontier);
+    const std::size_t end = static_cast<std::size_t>(st.frontier) + std::min(rows_ahead, room);  // no overflow
+    const std::size_t want = pages_for(static_cast<std::int64_t>(end));
+    return want > st.allocated_pages ? want - st.allocated_pages : 0;
+  }
+  /// Throws host_pool_exhausted unless `pages` host pages are free (a reservation's check).
+  void check_reserve(request_id id, std::size_t source, std::size_t pages) const {
+    if (pages > store_.free_pages())
+      throw host_pool_exhausted("reservation for request " + std::to_string(id) + " needs " + std::to_string(pages) +
+                                " host pages on source " + std::to_string(source) + ", " +
+                                std::to_string(store_.free_pages()) + " free");
+  }
+  /// Allocates the host pages `pages_to_reserve(s, rows_ahead)` names (check first: all or nothing
+  /// is the caller's check_reserve). The frontier does not move.
+  reserve_span reserve(std::size_t s, std::size_t rows_ahead) {
+    auto& st = slots_[s];
+    reserve_span r{st.allocated_pages, st.allocated_pages + pages_to_reserve(s, rows_ahead)};
+    for (std::size_t g = r.first_page; g < r.last_page; ++g) st.host_pages[g] = store_.allocate();
+    st.allocated_pages = r.last_page;
+    return r;
+  }
+  /// Returns the pages of a reservation (when uploading its page table failed).
+  void undo_reserve(std::size_t s, const reserve_span& r) {
+    auto& st = slots_[s];
+    for (std::size_t g = r.last_page; g-- > r.first_page;) {
+      store_.release(st.host_pages[g]);
+      st.host_pages[g] = no_page;
+    }
+    st.allocated_pages = r.first_page;
+  }
+  /// Moves a slot's frontier to `rows` written on the device (batched writes and commits, whose
+  /// rows lie in reserved pages). Frontiers only grow, and never past the reservation.
+  void absorb_frontier(request_id id, std::size_t source, std::size_t s, std::int64_t rows) {
+    auto& st = slots_[s];
+    if (rows < st.frontier || rows > reserved_rows(s))
+      throw device_error("the device frontier of request " + std::to_string(id) + " on source " +
+                         std::to_string(source) + " is " + std::to_string(rows) + ", outside [" +
+                         std::to_string(st.frontier) + ", " + std::to_string(reserved_rows(s)) +
+                         "] (books frontier, reserved rows)");
+    st.frontier = rows;
+  }
+
   /// Throws unless `count` more rows fit the slot's capacity and the host store. No overflow for
   /// any `count`.
   void check_append(request_id id, std::size_t source, std::size_t s, std::size_t count) const {
@@ -73,22 +129,25 @@ class history_books {
                               " rows on source " + std::to_string(source) + ", capacity is " +
                               std::to_string(max_rows_) + " (" + std::to_string(room) + " left)");
     const std::int64_t last = st.frontier + static_cast<std::int64_t>(count);
-    const std::size_t pages_needed = pages_for(last) - pages_for(st.frontier);
+    const std::size_t want = pages_for(last);
+    const std::size_t pages_needed = want > st.allocated_pages ? want - st.allocated_pages : 0;  // reserved pages serve
     if (pages_needed > store_.free_pages())
       throw host_pool_exhausted("append of request " + std::to_string(id) + " needs " + std::to_string(pages_needed) +
                                 " host pages on source " + std::to_string(source) + ", " +
                                 std::to_string(store_.free_pages()) + " free");
   }
 
-  /// Records an append that `check_append` accepted: allocates its host pages and moves the frontier.
+  /// Records an append that `check_append` accepted: allocates the host pages it needs beyond the
+  /// slot's reservation and moves the frontier.
   append_span commit_append(std::size_t s, std::size_t count) {
     auto& st = slots_[s];
     append_span a;
     a.first_row = st.frontier;
     a.last_row = st.frontier + static_cast<std::int64_t>(count);
-    a.first_page = pages_for(a.first_row);
-    a.last_page = pages_for(a.last_row);
+    a.first_page = st.allocated_pages;
+    a.last_page = std::max(st.allocated_pages, pages_for(a.last_row));
     for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = store_.allocate();
+    st.allocated_pages = a.last_page;
     st.frontier = a.last_row;
     return a;
   }
@@ -97,10 +156,11 @@ class history_books {
   /// return to the store and the frontier moves back.
   void undo_append(std::size_t s, const append_span& a) {
     auto& st = slots_[s];
-    for (std::size_t g = a.first_page; g < a.last_page; ++g) {
+    for (std::size_t g = a.last_page; g-- > a.first_page;) {
       store_.release(st.host_pages[g]);
       st.host_pages[g] = no_page;
     }
+    st.allocated_pages = a.first_page;
     st.frontier = a.first_row;
   }
 
@@ -159,6 +219,7 @@ class history_books {
  private:
   void reset(slot_books& st) const {
     st.frontier = 0;
+    st.allocated_pages = 0;
     st.host_pages.assign(pages_per_request(), no_page);
     st.optional_page.assign(pages_per_request(), -1);
   }

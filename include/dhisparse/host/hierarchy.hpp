@@ -53,6 +53,24 @@
 
 namespace dhisparse {
 
+/// One request's part of a batched `append` (host backend; the twin of a `cuda::kv_write_view`
+/// entry): `count` new rows laid out [payload layer][count][row_bytes], as the per-request append.
+/// An entry of 0 rows is skipped, like a padding entry of the device view.
+struct write_item {
+  /// The admitted request the rows belong to.
+  request_id request = 0;
+  std::span<const std::byte> rows;  ///< count * payload_layers * row_bytes bytes
+  std::size_t count = 0;            ///< new rows (decode: 1; a prefill chunk: more)
+};
+
+/// One request's part of a batched speculative `commit` (the twin of a `cuda::commit_view` entry):
+/// the anchor and `accepted` proposals of its last verified round are committed.
+struct commit_item {
+  /// The admitted request whose verified round is committed.
+  request_id request = 0;
+  std::size_t accepted = 0;  ///< 0 <= accepted <= K_r - 1 of the last verify
+};
+
 /// Bytes a host hierarchy allocates (two-phase sizing, like cuda::hierarchy::requirements).
 struct host_memory_requirements {
   std::size_t pool_bytes = 0;           ///< the simulated GPU pools of every payload layer
@@ -191,6 +209,15 @@ class host_hierarchy {
       throw size_mismatch("append of request " + std::to_string(id) + " to source " + std::to_string(source) + " got " +
                           std::to_string(rows.size()) + " bytes for " + std::to_string(count) + " rows, expected " +
                           std::to_string(count * d.payload_layers * d.row_bytes));
+    append_reserved(source, slot, rows, count);
+  }
+
+ private:
+  /// The bytes and books of an append whose checks passed (host pages allocated beyond the
+  /// reservation, if any).
+  void append_reserved(std::size_t source, std::size_t slot, std::span<const std::byte> rows, std::size_t count) {
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
     const auto a = src.books.commit_append(slot, count);
     close_round(src.state[slot]);  // the history moved on: a staged block is superseded
     src.state[slot].partial = 0;   // complete rows only: no boundary row is left partially filled
@@ -202,6 +229,88 @@ class host_hierarchy {
           std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
       }
     }
+  }
+
+ public:
+
+  // ------------------------------------------------------------------ batched writes (engine step)
+
+  /// Reserves host-store pages for a request/source ahead of its writes: afterwards pages cover
+  /// rows [0, min(max_rows, frontier + rows_ahead)), so batched appends and commits of that many rows
+  /// allocate nothing. All or nothing: throws host_pool_exhausted with nothing reserved. Pages
+  /// already held count; reserving less than is held releases nothing.
+  void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead) {
+    check_source(source);
+    const std::size_t slot = registry_.slot(id);
+    auto& books = src_[source].books;
+    books.check_reserve(id, source, books.pages_to_reserve(slot, rows_ahead));
+    books.reserve(slot, rows_ahead);
+  }
+  /// `reserve_rows(id, s, rows_ahead)` for every admitted request and every source, all or nothing:
+  /// throws host_pool_exhausted (naming the first source short of pages) with nothing reserved.
+  /// What an engine calls outside its step graph every few steps.
+  void reserve_ahead(std::size_t rows_ahead) {
+    const auto slots = registry_.admitted();
+    for (std::size_t s = 0; s < sources; ++s) {
+      std::size_t pages = 0;
+      for (const auto& [id, slot] : slots) pages += src_[s].books.pages_to_reserve(slot, rows_ahead);
+      if (pages > src_[s].books.store().free_pages())
+        throw host_pool_exhausted("reserve_ahead of " + std::to_string(rows_ahead) + " rows needs " +
+                                  std::to_string(pages) + " host pages on source " + std::to_string(s) + ", " +
+                                  std::to_string(src_[s].books.store().free_pages()) + " free");
+    }
+    for (std::size_t s = 0; s < sources; ++s)
+      for (const auto& [id, slot] : slots) src_[s].books.reserve(slot, rows_ahead);
+  }
+  /// Rows of a request/source that have host pages (stored or reserved): a batched write or commit
+  /// may move the frontier up to here.
+  [[nodiscard]] std::int64_t reserved_rows(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].books.reserved_rows(registry_.slot(id));
+  }
+
+  /// Appends the new rows of a batch of requests to one source (one step's KV writes), within
+  /// their reservations: the batch equals a per-request `append` of each item in order, but
+  /// allocates nothing. The whole batch is validated first (unknown request, the same request
+  /// twice, byte count, rows past max_rows or past the reserved rows: capacity_exceeded) and
+  /// nothing changes on an error. Items of 0 rows are skipped.
+  void append(std::size_t source, std::span<const write_item> batch) {
+    check_source(source);
+    const auto& d = Layout::sources[source];
+    auto& books = src_[source].books;
+    const auto slots = batch_slots(batch, "append", [&](std::size_t slot, const write_item& item) {
+      const std::string who = "append of request " + std::to_string(item.request) + " to source " + std::to_string(source);
+      // Within the reservation (which never passes max_rows); the size math below cannot overflow then.
+      const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
+      if (item.count > room)
+        throw capacity_exceeded(who + " of " + std::to_string(item.count) + " rows would pass its " +
+                                std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
+                                " left; reserve_rows first, at most max_rows)");
+      if (item.rows.size() != item.count * d.payload_layers * d.row_bytes)
+        throw size_mismatch(who + " got " + std::to_string(item.rows.size()) + " bytes for " +
+                            std::to_string(item.count) + " rows, expected " +
+                            std::to_string(item.count * d.payload_layers * d.row_bytes));
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      if (batch[b].count > 0) append_reserved(source, slots[b], batch[b].rows, batch[b].count);
+  }
+
+  /// Commits the verified rounds of a batch of requests on one source: equals a per-request
+  /// `commit` of each item in order, within the reservations (nothing is allocated). The whole batch
+  /// is validated first (unknown request, the same request twice, commit_without_verify,
+  /// acceptance_beyond_block, completed rows past the reserved rows: capacity_exceeded).
+  void commit(std::size_t source, std::span<const commit_item> batch) {
+    check_speculative(source);
+    auto& books = src_[source].books;
+    const auto slots = batch_slots(batch, "commit", [&](std::size_t slot, const commit_item& item) {
+      check_commit(item.request, source, slot, item.accepted);
+      const std::int64_t last = committed_rows_after(source, slot, item.accepted);
+      if (last > books.reserved_rows(slot))
+        throw capacity_exceeded("commit of request " + std::to_string(item.request) + " on source " +
+                                std::to_string(source) + " would reach row " + std::to_string(last) + ", past its " +
+                                std::to_string(books.reserved_rows(slot)) + " reserved rows (reserve_rows first)");
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b) commit_checked(source, slots[b], batch[b].accepted);
   }
 
   /// Resolves one request's selection on a source; see the file comment. Returns where entries came from.
@@ -302,9 +411,16 @@ class host_hierarchy {
   void commit(request_id id, std::size_t source, std::size_t accepted) {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
-    const auto& d = Layout::sources[source];
-    auto& src = src_[source];
-    auto& st = src.state[slot];
+    check_commit(id, source, slot, accepted);
+    const std::int64_t f = src_[source].books.slot(slot).frontier;
+    src_[source].books.check_append(id, source, slot, static_cast<std::size_t>(committed_rows_after(source, slot, accepted) - f));
+    commit_checked(source, slot, accepted);
+  }
+
+ private:
+  /// Throws commit_without_verify / acceptance_beyond_block for a commit of `accepted` proposals.
+  void check_commit(request_id id, std::size_t source, std::size_t slot, std::size_t accepted) const {
+    const auto& st = src_[source].state[slot];
     if (st.staged == 0 || st.verified == 0)
       throw commit_without_verify("commit of request " + std::to_string(id) + " on source " + std::to_string(source) +
                                   " without a verify since its last stage_block");
@@ -312,11 +428,21 @@ class host_hierarchy {
       throw acceptance_beyond_block("commit of request " + std::to_string(id) + " on source " +
                                     std::to_string(source) + " accepts " + std::to_string(accepted) +
                                     " proposals, the verified round had " + std::to_string(st.verified - 1));
+  }
+  /// Frontier after committing `accepted` proposals of a checked round: n' / m.
+  [[nodiscard]] std::int64_t committed_rows_after(std::size_t source, std::size_t slot, std::size_t accepted) const {
+    const auto m = static_cast<std::int64_t>(Layout::sources[source].positions_per_row);
+    return (committed_positions(source, slot) + static_cast<std::int64_t>(accepted) + 1) / m;
+  }
+  /// The bytes and books of a commit whose checks passed.
+  void commit_checked(std::size_t source, std::size_t slot, std::size_t accepted) {
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
+    auto& st = src.state[slot];
     const auto m = static_cast<std::int64_t>(d.positions_per_row);
     const std::int64_t n_next = committed_positions(source, slot) + static_cast<std::int64_t>(accepted) + 1;
     const std::int64_t f = src.books.slot(slot).frontier;
     const auto completed = static_cast<std::size_t>(n_next / m - f);  // 0 while the boundary row stays partial
-    src.books.check_append(id, source, slot, completed);
     const auto a = src.books.commit_append(slot, completed);
     for (std::int64_t r = a.first_row; r < a.last_row; ++r)
       for (std::size_t l = 0; l < d.payload_layers; ++l)
@@ -325,6 +451,8 @@ class host_hierarchy {
     st.partial = static_cast<std::size_t>(n_next % m);
     close_round(st);
   }
+
+ public:
 
   /// Stored rows a block of `count` positions covers on a request/source (the boundary row and the
   /// rows it starts): what `stage_block` expects. For m = 1 this is `count`.

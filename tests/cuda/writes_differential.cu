@@ -1,0 +1,415 @@
+// Batched step writes (kv_write_view) and batched speculative commits (commit_view) on the CUDA
+// hierarchy, against the host reference hierarchy driven with the same batches (host write_item /
+// commit_item spans): tail and every other pool byte, host-store bytes of every row, frontiers,
+// committed positions, and hot-cache rows and LRU order after resolves that follow the writes. Row
+// contents come from the test's own generator (support/row_content.hpp), so both backends are also
+// checked against bytes neither of them produced. Bad entries (slot without a request, the same
+// slot twice, a row count outside the view, rows past the reservation, commits without a verify
+// or beyond it) must be left untouched while the other entries proceed, and be thrown by
+// check_errors as their typed error.
+#include "cuda_test_support.cuh"
+
+#include <map>
+
+#include "../support/row_content.hpp"
+#include "dhisparse/cuda/kv_write.cuh"
+
+namespace {
+
+using namespace dhtest;
+using dhisparse_testing::fill_row;
+using dhisparse_testing::request_tag;
+using dhisparse_testing::row_matches;
+
+using Layout = layout_576;  // source 0: 576-byte rows, 2 payload layers; source 1: 656-byte rows, 1 layer
+using Hot = dh::lru_hot_cache<512>;
+using CH = dhc::hierarchy<Layout, Hot>;
+using HH = dh::host_hierarchy<Layout, Hot>;
+constexpr std::size_t N = 8;          // request slots = view capacity
+constexpr std::size_t kMaxRows = 4;   // rows one entry may write in a step (view max_rows)
+constexpr std::size_t K = Layout::top_k;
+
+dh::hierarchy_config config(std::size_t max_block = 1) {
+  dh::hierarchy_config c;
+  c.max_requests = N;
+  c.max_rows = 2048;
+  c.tail_rows = 64;
+  c.optional_pages = 8;
+  c.max_block = max_block;
+  return c;
+}
+
+/// Device buffers of one source's kv_write_view (capacity N, rows [token][row_bytes] per layer).
+struct write_buffers {
+  std::size_t layers = 0, row_bytes = 0;
+  dhc::device_buffer<std::int32_t> slots{N}, rows{N};
+  std::vector<dhc::device_buffer<std::byte>> layer;
+  dhc::device_buffer<const std::byte*> layer_ptrs;
+  std::vector<std::int32_t> h_slots = std::vector<std::int32_t>(N, -1), h_rows = std::vector<std::int32_t>(N, 0);
+  std::vector<std::vector<std::byte>> h_layer;  // [layer][N * kMaxRows * row_bytes]
+
+  write_buffers(std::size_t layers_, std::size_t row_bytes_) : layers(layers_), row_bytes(row_bytes_), layer_ptrs(layers_) {
+    std::vector<const std::byte*> ptrs;
+    for (std::size_t l = 0; l < layers; ++l) {
+      layer.emplace_back(N * kMaxRows * row_bytes);
+      ptrs.push_back(layer.back().data());
+      h_layer.emplace_back(N * kMaxRows * row_bytes);
+    }
+    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), layers * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  void clear() {
+    std::fill(h_slots.begin(), h_slots.end(), -1);
+    std::fill(h_rows.begin(), h_rows.end(), 0);
+  }
+  /// Entry e writes `count` rows of (tag, source) starting at history row `first_row`.
+  void set(std::size_t e, std::int32_t slot, std::size_t count, std::uint64_t tag, std::size_t source,
+           std::int64_t first_row) {
+    h_slots[e] = slot;
+    h_rows[e] = static_cast<std::int32_t>(count);
+    for (std::size_t l = 0; l < layers; ++l)
+      for (std::size_t i = 0; i < count && i < kMaxRows; ++i)
+        fill_row(h_layer[l].data() + (e * kMaxRows + i) * row_bytes, row_bytes, tag, source, l,
+                 first_row + static_cast<std::int64_t>(i));
+  }
+  /// The host twin's item for entry e: [layer][count][row_bytes].
+  std::vector<std::byte> item_rows(std::size_t e) const {
+    const auto count = static_cast<std::size_t>(h_rows[e]);
+    std::vector<std::byte> out(layers * count * row_bytes);
+    for (std::size_t l = 0; l < layers; ++l)
+      std::memcpy(out.data() + l * count * row_bytes, h_layer[l].data() + e * kMaxRows * row_bytes, count * row_bytes);
+    return out;
+  }
+  void upload(cudaStream_t s) {
+    DHTEST_CUDA(cudaMemcpyAsync(slots.data(), h_slots.data(), N * 4, cudaMemcpyHostToDevice, s));
+    DHTEST_CUDA(cudaMemcpyAsync(rows.data(), h_rows.data(), N * 4, cudaMemcpyHostToDevice, s));
+    for (std::size_t l = 0; l < layers; ++l)
+      DHTEST_CUDA(cudaMemcpyAsync(layer[l].data(), h_layer[l].data(), h_layer[l].size(), cudaMemcpyHostToDevice, s));
+    DHTEST_CUDA(cudaStreamSynchronize(s));  // the host vectors are pageable and reused
+  }
+  dhc::kv_write_view view() const {
+    dhc::kv_write_view v;
+    v.slots = slots.data();
+    v.rows = rows.data();
+    v.layer_rows = layer_ptrs.data();
+    v.max_rows = kMaxRows;
+    v.capacity = N;
+    return v;
+  }
+};
+
+template <class A, class B>
+void compare_pools(A& cuda_h, const B& host_h, const std::string& ctx) {
+  for (std::size_t s = 0; s < Layout::sources.size(); ++s)
+    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+      const std::size_t rb = Layout::sources[s].row_bytes;
+      std::vector<std::byte> got(cuda_h.pool_rows() * rb), want(got.size());
+      cuda_h.copy_pool(s, l, got);
+      for (std::size_t loc = 0; loc < cuda_h.pool_rows(); ++loc) {
+        const auto row = host_h.payload(s, l, static_cast<location>(loc));
+        std::memcpy(want.data() + loc * rb, row.data(), rb);
+      }
+      const long m = first_mismatch(want, got);
+      INFO(ctx << ": pool of source " << s << " layer " << l << " first differs at byte " << m << " (location "
+               << (m < 0 ? -1 : m / static_cast<long>(rb)) << ")");
+      REQUIRE(m < 0);
+    }
+}
+
+/// Frontiers, positions and every host-store row of each request: the test's model, both backends.
+template <class A, class B>
+void compare_books(A& cuda_h, const B& host_h, const std::map<request_id, std::uint64_t>& tags,
+                   const std::map<request_id, std::array<std::int64_t, 2>>& positions, const std::string& ctx) {
+  for (const auto& [id, tag] : tags)
+    for (std::size_t s = 0; s < Layout::sources.size(); ++s) {
+      INFO(ctx << ": request " << id << " source " << s);
+      const auto m = static_cast<std::int64_t>(Layout::sources[s].positions_per_row);
+      REQUIRE(host_h.positions(id, s) == positions.at(id)[s]);
+      REQUIRE(cuda_h.positions(id, s) == positions.at(id)[s]);
+      REQUIRE(cuda_h.frontier(id, s) == positions.at(id)[s] / m);
+      REQUIRE(cuda_h.device_frontier(id, s) == positions.at(id)[s] / m);
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+        for (std::int64_t r = 0; r < positions.at(id)[s] / m; ++r) {
+          INFO("layer " << l << " row " << r);
+          REQUIRE(row_matches(cuda_h.host_row(id, s, l, r), tag, s, l, r));
+          REQUIRE(row_matches(host_h.host_row(id, s, l, r), tag, s, l, r));
+        }
+    }
+}
+
+/// One eager resolve of random selections on both backends; locations, hot rows and LRU order equal.
+void resolve_both(CH& ch, HH& hh, std::size_t s, const std::map<request_id, std::uint64_t>& tags,
+                  std::mt19937_64& rng, cudaStream_t stream) {
+  std::vector<std::vector<row_index>> sels;
+  std::vector<request_id> ids;
+  for (const auto& [id, tag] : tags) {
+    const std::int64_t f = hh.frontier(id, s);
+    if (f == 0) continue;
+    std::vector<row_index> sel(K);
+    for (auto& x : sel) x = rng() % 8 == 0 ? -1 : static_cast<row_index>(rng() % static_cast<std::uint64_t>(f));
+    sels.push_back(std::move(sel));
+    ids.push_back(id);
+  }
+  if (ids.empty()) return;
+  dhc::device_buffer<row_index> d_sel(ids.size() * K);
+  dhc::device_buffer<location> d_loc(ids.size() * K);
+  std::vector<row_index> flat;
+  for (const auto& v : sels) flat.insert(flat.end(), v.begin(), v.end());
+  DHTEST_CUDA(cudaMemcpy(d_sel.data(), flat.data(), flat.size() * sizeof(row_index), cudaMemcpyHostToDevice));
+  std::vector<dhc::batch_item> cb;
+  std::vector<dh::resolve_item> hb;
+  std::vector<std::vector<location>> hloc(ids.size(), std::vector<location>(K));
+  for (std::size_t e = 0; e < ids.size(); ++e) {
+    cb.push_back({ids[e], d_sel.data() + e * K, static_cast<std::int32_t>(K), d_loc.data() + e * K});
+    hb.push_back({ids[e], sels[e], hloc[e]});
+  }
+  ch.resolve(s, cb, stream);
+  ch.check_errors(stream);
+  hh.resolve(s, hb);
+  std::vector<location> got(ids.size() * K);
+  DHTEST_CUDA(cudaMemcpy(got.data(), d_loc.data(), got.size() * sizeof(location), cudaMemcpyDeviceToHost));
+  for (std::size_t e = 0; e < ids.size(); ++e) {
+    INFO("resolve of request " << ids[e] << " on source " << s);
+    DHTEST_REQUIRE_SAME(location, "locations (cuda vs host)", hloc[e],
+                        std::vector<location>(got.begin() + e * K, got.begin() + (e + 1) * K));
+    const auto hot_h = hh.hot_rows_of(ids[e], s);
+    const auto lru_h = hh.lru_order_of(ids[e], s);
+    DHTEST_REQUIRE_SAME(row_index, "hot rows", std::vector<row_index>(hot_h.begin(), hot_h.end()), ch.hot_rows_of(ids[e], s));
+    DHTEST_REQUIRE_SAME(Hot::order_index, "LRU order", std::vector<Hot::order_index>(lru_h.begin(), lru_h.end()),
+                        ch.lru_order_of(ids[e], s));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("batched writes equal the host twin: tails, host store, frontiers, LRU after resolves", "[gpu][writes]") {
+  require_device();
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CH ch(config(), stream);
+  HH hh(config());
+  std::array<write_buffers, 2> wb{write_buffers(2, 576), write_buffers(1, 656)};
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> frontier;
+  std::mt19937_64 rng(2323);
+  request_id next = 1;
+  auto admit = [&] {
+    const request_id id = next++;
+    const auto a = ch.admit(id, stream), b = hh.admit(id);
+    REQUIRE(a.admitted == b.admitted);
+    REQUIRE(a.slot == b.slot);
+    tags[id] = request_tag(id, 7);
+    frontier[id] = {0, 0};
+  };
+  for (std::size_t i = 0; i < 6; ++i) admit();
+
+  constexpr int kSteps = 240, kReserveEvery = 8;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step % kReserveEvery == 0) {  // outside the step: covers kReserveEvery steps of up to kMaxRows rows
+      ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+      hh.reserve_ahead(kReserveEvery * kMaxRows);
+      for (const auto& [id, tag] : tags)
+        for (std::size_t s = 0; s < 2; ++s) REQUIRE(ch.reserved_rows(id, s) == hh.reserved_rows(id, s));
+    }
+    for (std::size_t s = 0; s < 2; ++s) {
+      auto& w = wb[s];
+      w.clear();
+      std::vector<std::size_t> entries(N);
+      for (std::size_t e = 0; e < N; ++e) entries[e] = e;
+      std::shuffle(entries.begin(), entries.end(), rng);  // entries anywhere in the view, padding between
+      std::size_t k = 0;
+      std::vector<std::vector<std::byte>> item_bytes;
+      std::vector<dh::write_item> items;
+      for (const auto& [id, tag] : tags) {
+        const std::size_t e = entries[k++];
+        if (rng() % 6 == 0) continue;  // padding this step
+        const std::size_t count = rng() % 5 == 0 ? 1 + rng() % kMaxRows : (rng() % 8 == 0 ? 0 : 1);  // chunk, decode, none
+        w.set(e, static_cast<std::int32_t>(hh.slot_of(id)), count, tag, s, frontier[id][s]);
+        item_bytes.push_back(w.item_rows(e));
+        items.push_back({id, item_bytes.back(), count});
+        frontier[id][s] += static_cast<std::int64_t>(count);
+      }
+      w.upload(stream);
+      ch.append(s, w.view(), stream);
+      hh.append(s, items);
+    }
+    ch.check_errors(stream);
+    if (step % 3 == 0) resolve_both(ch, hh, step % 2, tags, rng, stream);  // eager: absorbs nothing it needs
+    if (step % 40 == 39) {
+      ch.sync_books(stream);
+      std::map<request_id, std::array<std::int64_t, 2>> pos = frontier;
+      compare_books(ch, hh, tags, pos, "step " + std::to_string(step));
+      compare_pools(ch, hh, "step " + std::to_string(step));
+      const request_id gone = tags.begin()->first;  // completion and admission between steps
+      ch.complete(gone, stream);
+      hh.complete(gone);
+      tags.erase(gone);
+      frontier.erase(gone);
+      admit();
+      for (std::size_t s = 0; s < 2; ++s) REQUIRE(ch.free_host_pages(s) == hh.free_host_pages(s));
+    }
+  }
+  ch.sync_books(stream);
+  compare_books(ch, hh, tags, frontier, "end");
+  compare_pools(ch, hh, "end");
+  // The per-request append keeps working after batched ones (it absorbs the device books first).
+  const request_id id = tags.begin()->first;
+  const auto more = dhisparse_testing::make_append_buffer(tags[id], 1, 1, 656, frontier[id][1], 3);
+  ch.append(id, 1, more, 3, stream);
+  hh.append(id, 1, more, 3);
+  frontier[id][1] += 3;
+  ch.check_errors(stream);
+  compare_books(ch, hh, tags, frontier, "per-request append after batched ones");
+  compare_pools(ch, hh, "per-request append after batched ones");
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("bad batched write entries are untouched, the others proceed, check_errors names them", "[gpu][writes]") {
+  require_device();
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CH ch(config(), stream);
+  for (request_id id : {1, 2, 3}) REQUIRE(ch.admit(id, stream).admitted);
+  ch.reserve_ahead(8, stream);  // pages cover rows [0, 64)
+  write_buffers w(1, 656);
+  const auto good_slot = static_cast<std::int32_t>(ch.slot_of(1));
+  const auto other = static_cast<std::int32_t>(ch.slot_of(2));
+  struct bad_case {
+    const char* what;
+    std::int32_t slot;
+    std::size_t rows;
+    dh::errc code;
+  };
+  const std::array<bad_case, 4> cases{{
+      {"slot without a request", 7, 1, dh::errc::unknown_request},
+      {"the same slot twice", good_slot, 1, dh::errc::duplicate_in_batch},
+      {"row count above the view's max_rows", other, kMaxRows + 1, dh::errc::size_mismatch},
+      {"rows past the reservation", other, 65, dh::errc::capacity_exceeded},
+  }};
+  std::int64_t good_rows = 0;
+  for (const auto& c : cases) {
+    INFO(c.what);
+    w.clear();
+    w.set(0, good_slot, 1, request_tag(1), 1, good_rows);
+    w.set(3, c.slot, std::min<std::size_t>(c.rows, kMaxRows), request_tag(2), 1, 0);
+    w.h_rows[3] = static_cast<std::int32_t>(c.rows);
+    w.upload(stream);
+    dhc::kv_write_view v = w.view();
+    if (c.code == dh::errc::capacity_exceeded) v.max_rows = 100;  // a prefill chunk: only the reservation stops it
+    ch.append(1, v, stream);
+    bool thrown = false;
+    try {
+      ch.check_errors(stream);
+    } catch (const dh::error& e) {
+      thrown = true;
+      INFO(e.what());
+      REQUIRE(e.code() == c.code);
+    }
+    REQUIRE(thrown);
+    ch.check_errors(stream);  // the record is cleared
+    ++good_rows;
+    REQUIRE(ch.frontier(1, 1) == good_rows);  // the good entry went through
+    REQUIRE(ch.frontier(2, 1) == 0);          // the bad one is untouched
+    REQUIRE(ch.frontier(3, 1) == 0);
+    REQUIRE(row_matches(ch.host_row(1, 1, 0, good_rows - 1), request_tag(1), 1, 0, good_rows - 1));
+  }
+  // Host checks of the view itself.
+  dhc::kv_write_view too_wide = w.view();
+  too_wide.capacity = N + 1;
+  REQUIRE_THROWS_AS(ch.append(1, too_wide, stream), dh::size_mismatch);
+  dhc::kv_write_view no_rows = w.view();
+  no_rows.layer_rows = nullptr;
+  REQUIRE_THROWS_AS(ch.append(1, no_rows, stream), dh::size_mismatch);
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("batched commits equal the host twin and reject rounds that were not verified", "[gpu][writes][speculative]") {
+  require_device();
+  constexpr std::size_t KB = 4;
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CH ch(config(KB), stream);
+  HH hh(config(KB));
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> positions;
+  for (request_id id = 1; id <= 6; ++id) {
+    REQUIRE(ch.admit(id, stream).slot == hh.admit(id).slot);
+    tags[id] = request_tag(id, 3);
+    positions[id] = {0, 0};
+  }
+  dhc::device_buffer<std::int32_t> d_slots(N), d_accepted(N);
+  std::mt19937_64 rng(99);
+  for (int round = 0; round < 120; ++round) {
+    if (round % 4 == 0) {
+      ch.reserve_ahead(4 * KB, stream);
+      hh.reserve_ahead(4 * KB);
+    }
+    for (std::size_t s = 0; s < 2; ++s) {
+      const auto& d = Layout::sources[s];
+      std::vector<std::int32_t> slots(N, -1), accepted(N, 0);
+      std::vector<dh::commit_item> items;
+      std::size_t e = 0;
+      for (const auto& [id, tag] : tags) {
+        const std::size_t at = e++;
+        if (rng() % 5 == 0) continue;  // not committing this round
+        const std::size_t count = 1 + rng() % KB;
+        const std::int64_t f = hh.frontier(id, s);
+        const auto rows = dhisparse_testing::make_append_buffer(tag, s, d.payload_layers, d.row_bytes, f, count);
+        ch.stage_block(id, s, rows, count, stream);
+        hh.stage_block(id, s, rows, count);
+        const std::size_t kr = 1 + rng() % count;
+        std::vector<dhc::verify_query> cq(kr);  // empty queries: the round's K_r is what a commit checks
+        dhc::verify_batch_item ci{id, cq};
+        ch.verify(s, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+        std::vector<std::vector<row_index>> q(kr);
+        std::vector<std::vector<location>> ql(kr);
+        std::vector<std::span<const row_index>> qs(q.begin(), q.end());
+        std::vector<std::span<location>> ls(ql.begin(), ql.end());
+        const dh::verify_item hi{id, qs, ls};
+        hh.verify(s, std::span<const dh::verify_item>(&hi, 1));
+        const std::size_t acc = rng() % kr;
+        slots[at] = static_cast<std::int32_t>(hh.slot_of(id));
+        accepted[at] = static_cast<std::int32_t>(acc);
+        items.push_back({id, acc});
+        positions[id][s] += static_cast<std::int64_t>(acc) + 1;
+      }
+      DHTEST_CUDA(cudaMemcpyAsync(d_slots.data(), slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      DHTEST_CUDA(cudaMemcpyAsync(d_accepted.data(), accepted.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      ch.commit(s, dhc::commit_view{d_slots.data(), d_accepted.data(), N}, stream);
+      DHTEST_CUDA(cudaStreamSynchronize(stream));  // `slots` / `accepted` are pageable and go out of scope
+      hh.commit(s, items);
+    }
+    ch.check_errors(stream);
+  }
+  ch.sync_books(stream);
+  compare_books(ch, hh, tags, positions, "after batched commits");
+  compare_pools(ch, hh, "after batched commits");
+  for (const auto& [id, tag] : tags) REQUIRE(ch.staged_rows(id, 0) == 0);
+
+  // A commit without a verify, and one beyond the verified round: untouched and reported.
+  const request_id a = 1, b = 2;  // b has no verified round
+  const auto rows = dhisparse_testing::make_append_buffer(tags[a], 1, 1, 656, hh.frontier(a, 1), 2);
+  ch.stage_block(a, 1, rows, 2, stream);
+  std::vector<dhc::verify_query> cq(2);
+  dhc::verify_batch_item ci{a, cq};
+  ch.verify(1, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+  for (const auto& [who, acc, code] : {std::tuple{b, 0, dh::errc::commit_without_verify},
+                                       std::tuple{a, 2, dh::errc::acceptance_beyond_block}}) {
+    const std::array<std::int32_t, 1> s1{static_cast<std::int32_t>(ch.slot_of(who))};
+    const std::array<std::int32_t, 1> a1{acc};
+    DHTEST_CUDA(cudaMemcpy(d_slots.data(), s1.data(), 4, cudaMemcpyHostToDevice));
+    DHTEST_CUDA(cudaMemcpy(d_accepted.data(), a1.data(), 4, cudaMemcpyHostToDevice));
+    const auto before = ch.positions(who, 1);
+    ch.commit(1, dhc::commit_view{d_slots.data(), d_accepted.data(), 1}, stream);
+    bool thrown = false;
+    try {
+      ch.check_errors(stream);
+    } catch (const dh::error& e) {
+      thrown = true;
+      INFO(e.what());
+      REQUIRE(e.code() == code);
+    }
+    REQUIRE(thrown);
+    REQUIRE(ch.positions(who, 1) == before);
+  }
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}

@@ -1,0 +1,227 @@
+// One CUDA graph per step: the batched write of every source (kv_write_view) followed by its
+// resolve (batch_view), captured once and replayed for more than 1,000 steps. Between replays the
+// test writes new rows, entry orders, padding and selections into the same device buffers, admits
+// and completes requests, and reserves host pages every few steps outside the graph (reserve_ahead,
+// which absorbs the device frontiers first). After every replay every resolved location of every
+// payload layer must hold exactly the bytes the test generated for the selected row (so a row the
+// step itself wrote must already be readable by the step's resolve), no entry may report an
+// error, and at the end every host-store row and frontier must match the test's model.
+#include "cuda_test_support.cuh"
+
+#include <map>
+
+#include "../support/row_content.hpp"
+#include "dhisparse/cuda/kv_write.cuh"
+
+namespace {
+
+using namespace dhtest;
+using dhisparse_testing::fill_row;
+using dhisparse_testing::first_mismatch;
+using dhisparse_testing::request_tag;
+
+using Layout = layout_576;  // source 0: 576-byte rows in 2 payload layers; source 1: 656-byte rows
+using Hot = dh::lru_hot_cache<512>;
+using CH = dhc::hierarchy<Layout, Hot>;
+constexpr std::size_t S = Layout::sources.size();
+constexpr std::size_t N = 8;
+constexpr std::size_t K = Layout::top_k;
+constexpr std::size_t kMaxRows = 2;  // rows one entry writes in a step
+constexpr int kSteps = 1200, kReserveEvery = 16, kChurnEvery = 45;
+
+/// Pinned host staging and device buffers of one source's step (write view + resolve batch).
+struct source_step {
+  std::size_t layers, row_bytes;
+  dhc::pinned_buffer host;  // [slots N][rows N][count 1 + pad][sel N*K] then layer rows
+  dhc::device_buffer<std::byte> dev;
+  dhc::device_buffer<const std::byte*> layer_ptrs;
+  dhc::device_buffer<location> locations{N * K};
+  std::vector<location> h_locations = std::vector<location>(N * K);
+  static constexpr std::size_t off_wslots = 0, off_wrows = 64, off_rslots = 128, off_rlen = 192, off_count = 256,
+                               off_sel = 512;
+  std::size_t off_layer = 0, bytes = 0;
+
+  source_step(std::size_t layers_, std::size_t row_bytes_) : layers(layers_), row_bytes(row_bytes_), layer_ptrs(layers_) {
+    off_layer = off_sel + N * K * sizeof(row_index);
+    bytes = off_layer + layers * N * kMaxRows * row_bytes;
+    host = dhc::pinned_buffer(bytes);
+    dev = dhc::device_buffer<std::byte>(bytes);
+    std::vector<const std::byte*> ptrs;
+    for (std::size_t l = 0; l < layers; ++l) ptrs.push_back(dev.data() + off_layer + l * N * kMaxRows * row_bytes);
+    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), layers * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  template <class T>
+  T* h(std::size_t off) { return reinterpret_cast<T*>(host.span().data() + off); }
+  template <class T>
+  T* d(std::size_t off) const { return reinterpret_cast<T*>(dev.data() + off); }
+  std::byte* h_row(std::size_t l, std::size_t e, std::size_t i) {
+    return host.span().data() + off_layer + ((l * N + e) * kMaxRows + i) * row_bytes;
+  }
+  dhc::kv_write_view write_view() const {
+    dhc::kv_write_view v;
+    v.slots = d<const std::int32_t>(off_wslots);
+    v.rows = d<const std::int32_t>(off_wrows);
+    v.layer_rows = layer_ptrs.data();
+    v.max_rows = kMaxRows;
+    v.capacity = N;
+    return v;
+  }
+  dhc::batch_view resolve_view() {
+    dhc::batch_view v;
+    v.slots = d<const std::int32_t>(off_rslots);
+    v.lengths = d<const std::int32_t>(off_rlen);
+    v.count = d<const std::uint32_t>(off_count);
+    v.selections = d<const row_index>(off_sel);
+    v.locations = locations.data();
+    v.stride = K;
+    v.capacity = N;
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("write + resolve captured in one graph replay for 1,200 steps with churn", "[gpu][writes][graph]") {
+  require_device();
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dh::hierarchy_config cfg;
+  cfg.max_requests = N;
+  cfg.max_rows = 4096;
+  cfg.tail_rows = 64;
+  cfg.optional_pages = 8;
+  CH ch(cfg, stream);
+  std::array<source_step, S> st{source_step(2, 576), source_step(1, 656)};
+
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, S>> frontier;
+  std::mt19937_64 rng(0x23);
+  request_id next = 1;
+  auto admit = [&] {
+    const request_id id = next++;
+    REQUIRE(ch.admit(id, stream).admitted);
+    tags[id] = request_tag(id, 1);
+    frontier[id] = {0, 0};
+  };
+  for (std::size_t i = 0; i < N - 1; ++i) admit();
+  ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DHTEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (std::size_t s = 0; s < S; ++s) {
+    ch.append(s, st[s].write_view(), stream);
+    ch.resolve(s, st[s].resolve_view(), stream);
+  }
+  DHTEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  DHTEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::size_t checked = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step % kChurnEvery == kChurnEvery - 1) {  // between replays: one request leaves, one arrives
+      auto it = tags.begin();
+      std::advance(it, static_cast<long>(rng() % tags.size()));
+      const request_id gone = it->first;
+      ch.complete(gone, stream);
+      tags.erase(gone);
+      frontier.erase(gone);
+      admit();
+      ch.reserve_ahead(kReserveEvery * kMaxRows, stream);  // the newcomer's pages
+    }
+    if (step % kReserveEvery == 0) ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+
+    std::array<std::vector<std::pair<request_id, std::size_t>>, S> resolved;  // (request, entry) per source
+    for (std::size_t s = 0; s < S; ++s) {
+      auto& x = st[s];
+      std::vector<std::size_t> order(N);
+      for (std::size_t e = 0; e < N; ++e) order[e] = e;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (std::size_t e = 0; e < N; ++e) {
+        x.h<std::int32_t>(source_step::off_wslots)[e] = -1;
+        x.h<std::int32_t>(source_step::off_wrows)[e] = 0;
+      }
+      std::size_t k = 0, count = 0;
+      for (const auto& [id, tag] : tags) {
+        const std::size_t e = order[k++];
+        const std::size_t rows = rng() % 10 == 0 ? 0 : (rng() % 7 == 0 ? 2 : 1);
+        x.h<std::int32_t>(source_step::off_wslots)[e] = static_cast<std::int32_t>(ch.slot_of(id));
+        x.h<std::int32_t>(source_step::off_wrows)[e] = static_cast<std::int32_t>(rows);
+        for (std::size_t l = 0; l < x.layers; ++l)
+          for (std::size_t i = 0; i < rows; ++i)
+            fill_row(x.h_row(l, e, i), x.row_bytes, tag, s, l, frontier[id][s] + static_cast<std::int64_t>(i));
+        frontier[id][s] += static_cast<std::int64_t>(rows);
+        // The step's resolve: recent rows (the tail, including the row written this step), old rows, padding.
+        const std::int64_t f = frontier[id][s];
+        if (f == 0) continue;
+        const std::size_t len = 1 + rng() % K;
+        auto* sel = x.h<row_index>(source_step::off_sel) + count * K;
+        for (std::size_t i = 0; i < len; ++i) {
+          const auto pick = rng() % 4;
+          sel[i] = pick == 0   ? -1
+                   : pick == 1 ? static_cast<row_index>(f - 1 - static_cast<std::int64_t>(rng() % std::min<std::int64_t>(f, 70)))
+                               : static_cast<row_index>(rng() % static_cast<std::uint64_t>(f));
+        }
+        x.h<std::int32_t>(source_step::off_rslots)[count] = static_cast<std::int32_t>(ch.slot_of(id));
+        x.h<std::int32_t>(source_step::off_rlen)[count] = static_cast<std::int32_t>(len);
+        resolved[s].emplace_back(id, count);
+        ++count;
+      }
+      *x.h<std::uint32_t>(source_step::off_count) = static_cast<std::uint32_t>(count);
+      DHTEST_CUDA(cudaMemcpyAsync(x.dev.data(), x.host.span().data(), x.bytes, cudaMemcpyHostToDevice, stream));
+    }
+    DHTEST_CUDA(cudaGraphLaunch(exec, stream));
+    for (auto& x : st)
+      DHTEST_CUDA(cudaMemcpyAsync(x.h_locations.data(), x.locations.data(), N * K * sizeof(location),
+                                  cudaMemcpyDeviceToHost, stream));
+    ch.check_errors(stream);  // synchronises; no entry may fail
+
+    for (std::size_t s = 0; s < S; ++s) {
+      auto& x = st[s];
+      for (std::size_t l = 0; l < x.layers; ++l) {
+        std::vector<std::byte> pool(ch.pool_rows() * x.row_bytes);
+        ch.copy_pool(s, l, pool);
+        for (const auto& [id, e] : resolved[s]) {
+          const auto len = static_cast<std::size_t>(x.h<std::int32_t>(source_step::off_rlen)[e]);
+          const row_index* sel = x.h<row_index>(source_step::off_sel) + e * K;
+          for (std::size_t i = 0; i < len; ++i) {
+            const location loc = x.h_locations[e * K + i];
+            if (sel[i] < 0) {
+              REQUIRE(loc == dh::no_location);
+              continue;
+            }
+            if (loc < 0 || static_cast<std::size_t>(loc) >= ch.pool_rows()) {
+              INFO("step " << step << " source " << s << " request " << id << " entry " << i << " row " << sel[i]);
+              REQUIRE(loc >= 0);
+              REQUIRE(static_cast<std::size_t>(loc) < ch.pool_rows());
+            }
+            const std::byte* got = pool.data() + static_cast<std::size_t>(loc) * x.row_bytes;
+            if (first_mismatch(got, x.row_bytes, tags[id], s, l, sel[i]) != x.row_bytes) {
+              INFO("step " << step << " source " << s << " layer " << l << " request " << id << " selection entry "
+                           << i << " row " << sel[i] << " (frontier " << frontier[id][s] << ") at location " << loc);
+              REQUIRE(false);
+            }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  INFO("resolved rows checked: " << checked);
+  REQUIRE(checked > 1'000'000);
+
+  ch.sync_books(stream);
+  for (const auto& [id, tag] : tags)
+    for (std::size_t s = 0; s < S; ++s) {
+      INFO("request " << id << " source " << s);
+      REQUIRE(ch.frontier(id, s) == frontier[id][s]);
+      REQUIRE(ch.reserved_rows(id, s) >= frontier[id][s]);
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+        for (std::int64_t r = 0; r < frontier[id][s]; ++r) {
+          const auto row = ch.host_row(id, s, l, r);
+          REQUIRE(first_mismatch(row.data(), row.size(), tag, s, l, r) == row.size());
+        }
+    }
+  DHTEST_CUDA(cudaGraphExecDestroy(exec));
+  DHTEST_CUDA(cudaGraphDestroy(graph));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
