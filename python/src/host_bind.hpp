@@ -23,12 +23,26 @@ inline nb::object pool_view(void* base, std::size_t rows, std::size_t row_bytes,
     if (device_type != nb::device::cpu::value) throw nb::type_error("numpy views exist for CPU pools only");
     return nb::cast(nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>>(p, 2, shape, owner));
   }
-  if (!like.empty()) throw nb::value_error("like must be 'numpy', 'torch' or None");
+  if (like == "cupy")
+    return nb::cast(nb::ndarray<nb::cupy, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                    nb::dtype<std::uint8_t>(), device_type, device_id));
+  if (like == "jax")
+    return nb::cast(nb::ndarray<nb::jax, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                   nb::dtype<std::uint8_t>(), device_type, device_id));
+  if (!like.empty()) throw nb::value_error("like must be 'numpy', 'torch', 'cupy', 'jax' or None");
+#if NB_VERSION_MAJOR > 2 || (NB_VERSION_MAJOR == 2 && NB_VERSION_MINOR >= 2)
+  // An object with __dlpack__ / __dlpack_device__ (and the buffer protocol on the CPU): any
+  // framework's from_dlpack takes it.
+  using neutral = nb::array_api;
+#else
+  using neutral = nb::no_framework;  // a DLPack capsule
+#endif
   if (read_only)
-    return nb::cast(nb::ndarray<const std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
-                                                                nb::dtype<std::uint8_t>(), device_type, device_id));
-  return nb::cast(nb::ndarray<std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr, nb::dtype<std::uint8_t>(),
-                                                        device_type, device_id));
+    return nb::cast(nb::ndarray<neutral, const std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                         nb::dtype<std::uint8_t>(), device_type,
+                                                                         device_id));
+  return nb::cast(nb::ndarray<neutral, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                 nb::dtype<std::uint8_t>(), device_type, device_id));
 }
 
 /// Checks selections/locations of a batched call: same shape, [C, k'] with C = requests (or [k']
@@ -109,7 +123,7 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
     check_array<std::uint8_t>(rows, "rows", where::cpu);
     return std::span<const std::byte>(static_cast<const std::byte*>(rows.data()), elements(rows));
   };
-  nb::class_<H>(m, name)
+  nb::class_<H>(m, name, nb::is_weak_referenceable())
       .def(nb::init<const hierarchy_config&>(), nb::arg("config"))
       .def_prop_ro_static("layout", [layout_name](nb::handle) { return layout_info<L>(layout_name); })
       .def_prop_ro_static("hot_rows", [](nb::handle) { return H::hot_rows; })
@@ -237,7 +251,7 @@ template <class M>
 void bind_host_manager(nb::module_& m, const char* name) {
   using H = typename M::hierarchy_type;
   using L = typename H::layout;
-  nb::class_<M>(m, name)
+  nb::class_<M>(m, name, nb::is_weak_referenceable())
       .def(nb::init<const hierarchy_config&, const residency_config&>(), nb::arg("config"), nb::arg("residency"))
       .def_prop_ro_static("policy", [](nb::handle) { return std::string(M::policy::name); })
       .def_prop_ro_static("backend", [](nb::handle) { return "host"; })
