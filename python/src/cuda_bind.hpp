@@ -102,6 +102,23 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "count [1] (entries this launch). Everything is read when the kernel runs, so it can be captured "
           "in a CUDA graph once and replayed with new contents. Errors: check_errors.")
       .def(
+          "_time_resolve_view",
+          [](Ops& h, std::size_t iterations, std::size_t source, const in_array& slots, const in_array& sel,
+             const out_array& loc, const in_array& count, opt_stream s) {
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            const auto [cap, stride] = batch_shape(sel, loc, slots.shape(0), where::cuda);
+            check_count_array(count);
+            return h.time_resolve_view(iterations, source, static_cast<const std::int32_t*>(slots.data()),
+                                       static_cast<const std::int32_t*>(sel.data()),
+                                       static_cast<std::int32_t*>(loc.data()),
+                                       static_cast<const std::uint32_t*>(count.data()),
+                                       static_cast<std::uint32_t>(stride), static_cast<std::uint32_t>(cap),
+                                       default_stream(s));
+          },
+          nb::arg("iterations"), nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"),
+          nb::arg("count"), nb::arg("stream") = nb::none(),
+          "Benchmark helper: host seconds per resolve_view call issued from C++ (python/benchmarks).")
+      .def(
           "check_errors", [](Ops& h, opt_stream s) { h.check_errors(default_stream(s)); }, nb::arg("stream") = nb::none(),
           "Synchronises the stream and raises the typed error of the first bad entry since the last check.")
       .def("last_stats", &Ops::last_stats, nb::arg("source"))

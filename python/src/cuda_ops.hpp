@@ -69,6 +69,11 @@ class cuda_hierarchy_ops {
   void resolve_view(std::size_t source, const std::int32_t* slots, const std::int32_t* sel, std::int32_t* loc,
                     const std::int32_t* lengths, const std::uint32_t* count, std::uint32_t stride,
                     std::uint32_t capacity, stream_handle s, copy_layers mode);
+  /// Host seconds per call of `iterations` back-to-back resolve_view calls made from C++ (the
+  /// baseline of the binding-overhead benchmark; synchronises before and after, not between).
+  double time_resolve_view(std::size_t iterations, std::size_t source, const std::int32_t* slots,
+                           const std::int32_t* sel, std::int32_t* loc, const std::uint32_t* count,
+                           std::uint32_t stride, std::uint32_t capacity, stream_handle s);
   void check_errors(stream_handle s);
   std::vector<resolve_stats> last_stats(std::size_t source) const;
   std::vector<planned_copy> last_plan(std::size_t source) const;

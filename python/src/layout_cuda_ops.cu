@@ -1,8 +1,11 @@
-// The CUDA facade of one layout (cuda_ops.hpp), compiled by nvcc; CMakeLists.txt compiles this
-// file once per layout with DHISPARSE_PY_LAYOUT and DHISPARSE_PY_HOT_ROWS defined.
+// The CUDA facade (cuda_ops.hpp) of every bound layout, compiled by nvcc as ONE translation unit:
+// the library's non-template __global__ kernels are defined in its headers, so a second TU
+// including cuda/hierarchy.cuh would define them again at link time. CMakeLists.txt passes the
+// hot-cache rows of each layout as DHISPARSE_PY_HOT_<layout>.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <span>
 #include <vector>
 
@@ -112,6 +115,23 @@ DHISPARSE_PY_OPS resolve_view(std::size_t source, const std::int32_t* slots, con
   v.stride = stride;
   v.capacity = capacity;
   p_->h->resolve(source, v, as_stream(s), mode);
+}
+DHISPARSE_PY_OPS time_resolve_view(std::size_t iterations, std::size_t source, const std::int32_t* slots,
+                                   const std::int32_t* sel, std::int32_t* loc, const std::uint32_t* count,
+                                   std::uint32_t stride, std::uint32_t capacity, stream_handle s) -> double {
+  cuda::batch_view v;
+  v.slots = slots;
+  v.selections = sel;
+  v.locations = loc;
+  v.count = count;
+  v.stride = stride;
+  v.capacity = capacity;
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(as_stream(s)));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < iterations; ++i) p_->h->resolve(source, v, as_stream(s), copy_layers::all);
+  const auto t1 = std::chrono::steady_clock::now();
+  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(as_stream(s)));
+  return std::chrono::duration<double>(t1 - t0).count() / static_cast<double>(iterations ? iterations : 1);
 }
 DHISPARSE_PY_OPS check_errors(stream_handle s) -> void { p_->h->check_errors(as_stream(s)); }
 DHISPARSE_PY_OPS last_stats(std::size_t source) const -> std::vector<resolve_stats> { return p_->h->last_stats(source); }
@@ -277,11 +297,15 @@ DHISPARSE_PY_MGR drain() -> void { p_->m.drain(); }
 DHISPARSE_PY_MGR audit() const -> std::string { return p_->m.audit(); }
 #undef DHISPARSE_PY_MGR
 
-using py_layout = layouts::DHISPARSE_PY_LAYOUT;
-template class cuda_hierarchy_ops<py_layout, DHISPARSE_PY_HOT_ROWS>;
-template class cuda_manager_ops<py_layout, DHISPARSE_PY_HOT_ROWS, fixed_budget_policy>;
-template class cuda_manager_ops<py_layout, DHISPARSE_PY_HOT_ROWS, adaptive_policy<>>;
-template class cuda_manager_ops<py_layout, DHISPARSE_PY_HOT_ROWS, adaptive_policy<reclaim_order::least_recent_first>>;
-template class cuda_manager_ops<py_layout, DHISPARSE_PY_HOT_ROWS, resident_policy>;
+#define DHISPARSE_PY_INSTANTIATE(L, B)                                                                     \
+  template class cuda_hierarchy_ops<layouts::L, B>;                                                        \
+  template class cuda_manager_ops<layouts::L, B, fixed_budget_policy>;                                     \
+  template class cuda_manager_ops<layouts::L, B, adaptive_policy<>>;                                       \
+  template class cuda_manager_ops<layouts::L, B, adaptive_policy<reclaim_order::least_recent_first>>;     \
+  template class cuda_manager_ops<layouts::L, B, resident_policy>;
+DHISPARSE_PY_INSTANTIATE(tiny, DHISPARSE_PY_HOT_tiny)
+DHISPARSE_PY_INSTANTIATE(glm53, DHISPARSE_PY_HOT_glm53)
+DHISPARSE_PY_INSTANTIATE(deepseek_v41_flash, DHISPARSE_PY_HOT_deepseek_v41_flash)
+#undef DHISPARSE_PY_INSTANTIATE
 
 }  // namespace dhisparse::python
