@@ -5,6 +5,7 @@ after the first call, so the kernels are short) it reports host microseconds per
   cpp        resolve(source, batch_view, stream) issued back to back from C++ (_time_resolve_view),
   py         the same call through the binding, stream passed as an int,
   py-torch   the same with stream=None (torch's current stream looked up per call),
+  py-ptr     resolve_view_ptr: the same call over data_ptr()s taken once (no array import),
 and GPU microseconds per step of
   eager      the back-to-back calls above (CUDA events around them),
   graph      one resolve_view captured in a torch.cuda.CUDAGraph, replayed.
@@ -30,7 +31,8 @@ def main():
     args = ap.parse_args()
     n = args.iterations
     dev = torch.device("cuda")
-    print(f"{'C':>4} {'cpp us':>8} {'py us':>8} {'py-torch':>9} {'added us':>9} {'eager gpu':>10} {'graph gpu':>10}")
+    print(f"{'C':>4} {'cpp us':>8} {'py us':>8} {'py-torch':>9} {'py-ptr':>8} {'added us':>9} {'ptr added':>10} "
+          f"{'eager gpu':>10} {'graph gpu':>10}")
     for c in (1, 128):
         h = dhisparse.Hierarchy("deepseek_v41_flash", {"max_requests": c, "max_rows": 4096}, backend="cuda")
         top_k = h.top_k
@@ -63,6 +65,17 @@ def main():
                 stream.synchronize()
                 return (t1 - t0) / n * 1e6
 
+            ptrs = (slots.data_ptr(), sel.data_ptr(), loc.data_ptr(), count.data_ptr())
+
+            def py_ptr():
+                stream.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    h.resolve_view_ptr(0, *ptrs, stride=top_k, capacity=c, stream=s)
+                t1 = time.perf_counter()
+                stream.synchronize()
+                return (t1 - t0) / n * 1e6
+
             def gpu_eager():
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record(stream)
@@ -75,6 +88,7 @@ def main():
             cpp_us = median_of(args.repeats, cpp)
             py_us = median_of(args.repeats, lambda: py(True))
             pyt_us = median_of(args.repeats, lambda: py(False))
+            ptr_us = median_of(args.repeats, py_ptr)
             eager_gpu = median_of(args.repeats, gpu_eager)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
@@ -92,7 +106,8 @@ def main():
 
         graph_gpu = median_of(args.repeats, gpu_graph)
         h.check_errors()
-        print(f"{c:>4} {cpp_us:8.2f} {py_us:8.2f} {pyt_us:9.2f} {py_us - cpp_us:9.2f} {eager_gpu:10.2f} {graph_gpu:10.2f}")
+        print(f"{c:>4} {cpp_us:8.2f} {py_us:8.2f} {pyt_us:9.2f} {ptr_us:8.2f} {py_us - cpp_us:9.2f} "
+              f"{ptr_us - cpp_us:10.2f} {eager_gpu:10.2f} {graph_gpu:10.2f}")
         del g, h
 
 

@@ -8,6 +8,30 @@
 
 namespace dhisparse::python {
 
+/// Imports a CUDA array without a stream sync. Called with no stream, `__dlpack__` (torch, the
+/// array API) makes the legacy default stream wait for the current one: an event per array per
+/// call, and an error inside a graph capture. `stream=-1` asks for no synchronisation; ordering is
+/// the caller's, through the `stream` argument of each call. Other arrays are imported as given.
+template <class A>
+A import_array(nb::handle obj, const char* name) {
+  nb::object src = nb::borrow(obj);
+  if (nb::hasattr(obj, "__dlpack_device__")) {
+    const auto dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
+    const int type = nb::cast<int>(dev[0]);
+    if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) {
+      try {
+        src = obj.attr("__dlpack__")(nb::arg("stream") = -1);
+      } catch (const nb::python_error&) {
+        src = nb::borrow(obj);  // a producer without stream=-1: its own default behaviour
+      }
+    }
+  }
+  A a;
+  if (!nb::try_cast(src, a))
+    throw nb::type_error((std::string(name) + ": expected an array (DLPack or the buffer protocol)").c_str());
+  return a;
+}
+
 /// Rows given as a CUDA array (device path) or a CPU array (staged by the library).
 template <class Array>
 bool rows_on_device(const Array& rows) {
@@ -56,8 +80,9 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def("positions", &Ops::positions, nb::arg("request"), nb::arg("source"))
       .def(
           "append",
-          [](Ops& h, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count,
+          [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
             const bool dev = rows_on_device(rows);
             const std::size_t bytes = elements(rows);
             const std::size_t n = source < std::size(L::sources) ? rows_count(bytes, count, L::sources[source]) : 0;
@@ -67,8 +92,10 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           nb::arg("stream") = nb::none())
       .def(
           "resolve",
-          [](Ops& h, std::size_t source, nb::handle requests, const in_array& sel, const out_array& loc,
+          [](Ops& h, std::size_t source, nb::handle requests, nb::handle sel_obj, nb::handle loc_obj,
              copy_layers mode, opt_stream s) {
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
             const request_list ids = as_requests(requests);
             const auto [c, k] = batch_shape(sel, loc, ids.size(), where::cuda);
             h.resolve(source, ids.data(), c, static_cast<const std::int32_t*>(sel.data()),
@@ -79,8 +106,14 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "Eager batched resolve on the device (asynchronous; not capturable: use resolve_view in a graph).")
       .def(
           "resolve_view",
-          [](Ops& h, std::size_t source, const in_array& slots, const in_array& sel, const out_array& loc,
-             const in_array& count, std::optional<in_array> lengths, copy_layers mode, opt_stream s) {
+          [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle sel_obj, nb::handle loc_obj,
+             nb::handle count_obj, std::optional<nb::handle> lengths_obj, copy_layers mode, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const in_array count = import_array<in_array>(count_obj, "count");
+            std::optional<in_array> lengths;
+            if (lengths_obj) lengths = import_array<in_array>(*lengths_obj, "lengths");
             check_array<std::int32_t>(slots, "slots", where::cuda);
             if (slots.ndim() != 1) throw size_mismatch("slots must be 1-D [capacity]");
             const auto [cap, stride] = batch_shape(sel, loc, slots.shape(0), where::cuda);
@@ -102,9 +135,29 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "count [1] (entries this launch). Everything is read when the kernel runs, so it can be captured "
           "in a CUDA graph once and replayed with new contents. Errors: check_errors.")
       .def(
+          "resolve_view_ptr",
+          [](Ops& h, std::size_t source, std::uintptr_t slots, std::uintptr_t sel, std::uintptr_t loc,
+             std::uintptr_t count, std::uint32_t stride, std::uint32_t capacity, std::uintptr_t lengths,
+             copy_layers mode, opt_stream s) {
+            h.resolve_view(source, reinterpret_cast<const std::int32_t*>(slots),
+                           reinterpret_cast<const std::int32_t*>(sel), reinterpret_cast<std::int32_t*>(loc),
+                           reinterpret_cast<const std::int32_t*>(lengths), reinterpret_cast<const std::uint32_t*>(count),
+                           stride, capacity, default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"), nb::arg("count"),
+          nb::arg("stride"), nb::arg("capacity"), nb::arg("lengths") = 0, nb::arg("mode") = copy_layers::all,
+          nb::arg("stream") = nb::none(),
+          "resolve_view over raw device addresses (e.g. tensor.data_ptr(), taken once): no array import, "
+          "the lowest-overhead eager call. The buffers must match resolve_view's shapes; nothing is checked "
+          "but what the library checks.")
+      .def(
           "_time_resolve_view",
-          [](Ops& h, std::size_t iterations, std::size_t source, const in_array& slots, const in_array& sel,
-             const out_array& loc, const in_array& count, opt_stream s) {
+          [](Ops& h, std::size_t iterations, std::size_t source, nb::handle slots_obj, nb::handle sel_obj,
+             nb::handle loc_obj, nb::handle count_obj, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const in_array count = import_array<in_array>(count_obj, "count");
             check_array<std::int32_t>(slots, "slots", where::cuda);
             const auto [cap, stride] = batch_shape(sel, loc, slots.shape(0), where::cuda);
             check_count_array(count);
@@ -133,15 +186,18 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def("staging_holder", &Ops::staging_holder)
       .def(
           "stage_block",
-          [](Ops& h, request_id id, std::size_t source, const in_array& rows, std::size_t count, opt_stream s) {
+          [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::size_t count, opt_stream s) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
             const bool dev = rows_on_device(rows);
             h.stage_block(id, source, rows.data(), elements(rows), count, dev, default_stream(s));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count"), nb::arg("stream") = nb::none())
       .def(
           "verify",
-          [](Ops& h, std::size_t source, nb::handle requests, const in_array& queries, const out_array& loc,
+          [](Ops& h, std::size_t source, nb::handle requests, nb::handle queries_obj, nb::handle loc_obj,
              std::optional<std::vector<std::size_t>> query_counts, copy_layers mode, opt_stream s) {
+            const in_array queries = import_array<in_array>(queries_obj, "queries");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
             const request_list ids = as_requests(requests);
             const auto [c, kmax, k] = verify_shape(queries, loc, ids.size(), where::cuda);
             const auto widths = round_widths(query_counts, c, kmax);
@@ -205,12 +261,14 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
 template <class M>
 void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
   using L = typename M::layout_type;
-  auto imports_of = [](const std::optional<std::vector<in_array>>& history, bool& dev) {
+  // Keeps the imported arrays alive for the call (their capsules own the data references).
+  auto imports_of = [](nb::handle history, std::vector<in_array>& arrays, bool& dev) {
     std::vector<import_rows> out;
     dev = false;
-    if (!history) return out;
-    for (std::size_t s = 0; s < history->size(); ++s) {
-      const auto& a = (*history)[s];
+    if (history.is_none()) return out;
+    for (nb::handle item : history) arrays.push_back(import_array<in_array>(item, "history"));
+    for (std::size_t s = 0; s < arrays.size(); ++s) {
+      const auto& a = arrays[s];
       const bool d = rows_on_device(a);
       if (s > 0 && d != dev) throw nb::type_error("history: every source's rows must live on the same device");
       dev = d;
@@ -245,9 +303,10 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
       .def("reclaim_sequence", &M::reclaim_sequence)
       .def(
           "admit",
-          [imports_of](M& mgr, request_id id, std::optional<std::vector<in_array>> history) {
+          [imports_of](M& mgr, request_id id, nb::handle history) {
             bool dev = false;
-            const auto imports = imports_of(history, dev);
+            std::vector<in_array> arrays;
+            const auto imports = imports_of(history, arrays, dev);
             return mgr.admit(id, imports, dev);
           },
           nb::arg("request"), nb::arg("history") = nb::none(),
@@ -256,7 +315,8 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
       .def("withdraw", &M::withdraw, nb::arg("request"))
       .def(
           "append",
-          [](M& mgr, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {
+          [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
             const bool dev = rows_on_device(rows);
             const std::size_t bytes = elements(rows);
             mgr.append(id, source, rows.data(), bytes,

@@ -131,6 +131,14 @@ def test_decode_loop_in_a_cuda_graph():
         torch.testing.assert_close(out[:n], expected, rtol=1e-4, atol=1e-4)
     graph_h.check_errors()
     eager_h.check_errors()
+    # the pointer-level call resolves the same batch to the same locations as the array call
+    ptr_loc = torch.full_like(loc, -7)
+    graph_h.resolve_view_ptr(SOURCE, slots.data_ptr(), sel.data_ptr(), ptr_loc.data_ptr(), count.data_ptr(),
+                             stride=K, capacity=C)
+    eager_loc.fill_(-7)
+    eager_h.resolve(SOURCE, requests[:n], sel[:n], eager_loc[:n])
+    graph_h.check_errors()
+    assert torch.equal(ptr_loc[:n], eager_loc[:n])
     for r in requests:
         assert graph_h.hot_rows_of(r, SOURCE) == eager_h.hot_rows_of(r, SOURCE)
 
