@@ -1,0 +1,124 @@
+#pragma once
+// Shared by every binding translation unit: nanobind, the array checks that turn a DLPack /
+// buffer-protocol array into a pointer without copying, and the binders each layout TU calls.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <dhisparse/errors.hpp>
+#include <dhisparse/hierarchy_types.hpp>
+#include <dhisparse/layout.hpp>
+#include <dhisparse/types.hpp>
+
+namespace dhisparse::python {
+
+namespace nb = nanobind;
+
+/// Any array that nanobind can import without a copy (DLPack or buffer protocol); read-only allowed.
+using in_array = nb::ndarray<nb::ro>;
+/// An array the call writes into (must be writable).
+using out_array = nb::ndarray<>;
+
+/// Where an array must live.
+enum class where { cpu, cuda };
+
+/// Checks dtype, device and C-contiguity of `a`; raises TypeError for the wrong dtype or device,
+/// dhisparse size_mismatch for a non-contiguous array (nothing is copied, so a strided array
+/// cannot be passed on).
+template <class T, class Array>
+void check_array(const Array& a, const char* name, where w) {
+  if (a.dtype() != nb::dtype<T>())
+    throw nb::type_error((std::string(name) + ": expected dtype " +
+                          (std::is_same_v<T, std::int32_t>    ? "int32"
+                           : std::is_same_v<T, std::uint8_t>  ? "uint8"
+                           : std::is_same_v<T, std::uint32_t> ? "uint32"
+                                                              : "int64"))
+                             .c_str());
+  const bool on_cuda = a.device_type() == nb::device::cuda::value;
+  const bool on_cpu = a.device_type() == nb::device::cpu::value;
+  if (w == where::cpu && !on_cpu)
+    throw nb::type_error((std::string(name) + ": expected a CPU array (host backend)").c_str());
+  if (w == where::cuda && !on_cuda)
+    throw nb::type_error((std::string(name) + ": expected a CUDA array (CUDA backend)").c_str());
+  std::int64_t expect = 1;
+  for (std::size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expect)
+      throw size_mismatch(std::string(name) + " must be C-contiguous (no copy is made)");
+    expect *= static_cast<std::int64_t>(a.shape(d));
+  }
+}
+
+/// Number of elements of `a`.
+template <class Array>
+std::size_t elements(const Array& a) {
+  std::size_t n = 1;
+  for (std::size_t d = 0; d < a.ndim(); ++d) n *= a.shape(d);
+  return n;
+}
+
+/// Shape of `a` as text, for messages.
+template <class Array>
+std::string shape_of(const Array& a) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
+  return s + "]";
+}
+
+/// Rows of a `[payload layer][count][row_bytes]` uint8 array: `count` given, or derived from the
+/// byte size (a size that is not a whole number of rows is left for the library to reject).
+inline std::size_t rows_count(std::size_t bytes, std::optional<std::size_t> count, const source_desc& d) {
+  return count ? *count : bytes / (d.payload_layers * d.row_bytes);
+}
+
+/// The request ids of a batched call.
+using request_list = std::vector<request_id>;
+
+/// Registers the exception classes and the translator (module.cpp).
+void bind_errors(nb::module_& m);
+/// The shared value types: configs, stats, admissions, ledgers, enums (module.cpp).
+void bind_types(nb::module_& m);
+/// Stream used when a CUDA call is given none: the provider installed by the Python package
+/// (torch's current stream when torch is imported), else 0 (module.cpp).
+std::uintptr_t default_stream(std::optional<std::uintptr_t> given);
+
+/// Layout facts as a dict (top_k, page_rows, sources: [{row_bytes, positions_per_row, payload_layers}]).
+template <KvLayout L>
+nb::dict layout_info(const char* name) {
+  nb::dict d;
+  d["name"] = name;
+  d["top_k"] = L::top_k;
+  d["page_rows"] = L::page_rows;
+  nb::list sources;
+  for (const auto& s : L::sources) {
+    nb::dict sd;
+    sd["row_bytes"] = s.row_bytes;
+    sd["positions_per_row"] = s.positions_per_row;
+    sd["payload_layers"] = s.payload_layers;
+    sd["index_key_bytes"] = s.index_key_bytes;
+    sources.append(sd);
+  }
+  d["sources"] = sources;
+  return d;
+}
+
+// One binder per layout and backend; each is defined in its own translation unit so that they
+// compile in parallel (CMakeLists.txt instantiates layout_host.cpp / layout_cuda*.{cpp,cu} per layout).
+void bind_host_tiny(nb::module_& m);
+void bind_host_glm53(nb::module_& m);
+void bind_host_deepseek_v41_flash(nb::module_& m);
+#ifdef DHISPARSE_PY_CUDA
+void bind_cuda_tiny(nb::module_& m);
+void bind_cuda_glm53(nb::module_& m);
+void bind_cuda_deepseek_v41_flash(nb::module_& m);
+#endif
+
+}  // namespace dhisparse::python

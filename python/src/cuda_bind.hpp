@@ -1,0 +1,351 @@
+#pragma once
+// Binders of the CUDA backend over the facade of cuda_ops.hpp. Per-step arrays must be CUDA arrays
+// (torch, CuPy, JAX through DLPack) and are passed by pointer; rows may be CUDA or CPU arrays.
+// Every call takes `stream` (an int cudaStream_t handle); None means the package's provider:
+// torch's current stream when torch is imported, else the legacy default stream.
+#include "cuda_ops.hpp"
+#include "host_bind.hpp"
+
+namespace dhisparse::python {
+
+/// Imports a CUDA array without a stream sync. Called with no stream, `__dlpack__` (torch, the
+/// array API) makes the legacy default stream wait for the current one: an event per array per
+/// call, and an error inside a graph capture. `stream=-1` asks for no synchronisation; ordering is
+/// the caller's, through the `stream` argument of each call. Other arrays are imported as given.
+template <class A>
+A import_array(nb::handle obj, const char* name) {
+  nb::object src = nb::borrow(obj);
+  if (nb::hasattr(obj, "__dlpack_device__")) {
+    const auto dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
+    const int type = nb::cast<int>(dev[0]);
+    if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) {
+      try {
+        src = obj.attr("__dlpack__")(nb::arg("stream") = -1);
+      } catch (const nb::python_error&) {
+        src = nb::borrow(obj);  // a producer without stream=-1: its own default behaviour
+      }
+    }
+  }
+  A a;
+  if (!nb::try_cast(src, a))
+    throw nb::type_error((std::string(name) + ": expected an array (DLPack or the buffer protocol)").c_str());
+  return a;
+}
+
+/// Rows given as a CUDA array (device path) or a CPU array (staged by the library).
+template <class Array>
+bool rows_on_device(const Array& rows) {
+  if (rows.device_type() == nb::device::cuda::value) {
+    check_array<std::uint8_t>(rows, "rows", where::cuda);
+    return true;
+  }
+  check_array<std::uint8_t>(rows, "rows", where::cpu);
+  return false;
+}
+
+template <class Array>
+void check_count_array(const Array& a) {
+  if (a.dtype() != nb::dtype<std::int32_t>() && a.dtype() != nb::dtype<std::uint32_t>())
+    throw nb::type_error("count: expected dtype int32 or uint32");
+  if (a.device_type() != nb::device::cuda::value) throw nb::type_error("count: expected a CUDA array");
+  if (elements(a) < 1) throw size_mismatch("count must hold one element");
+}
+
+using opt_stream = std::optional<std::uintptr_t>;
+
+template <class Ops>
+void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
+  using L = typename Ops::layout_type;
+  nb::class_<Ops>(m, name, nb::is_weak_referenceable())
+      .def(nb::init<const hierarchy_config&, stream_handle>(), nb::arg("config"), nb::arg("stream") = 0)
+      .def_prop_ro_static("layout", [layout](nb::handle) { return layout; })
+      .def_prop_ro_static("hot_rows", [](nb::handle) { return Ops::hot_rows; })
+      .def_prop_ro_static("top_k", [](nb::handle) { return L::top_k; })
+      .def_prop_ro_static("backend", [](nb::handle) { return "cuda"; })
+      .def_prop_ro("config", &Ops::config)
+      .def_prop_ro("space", [](const Ops& h) { return space_dict(h.space()); })
+      .def_prop_ro("device", &Ops::device)
+      .def_prop_ro("stream", &Ops::stream)
+      .def_prop_rw("programmatic_launch", &Ops::programmatic_launch, &Ops::set_programmatic_launch)
+      .def("contains", &Ops::contains)
+      .def("slot_of", &Ops::slot_of)
+      .def_prop_ro("admitted_count", &Ops::admitted_count)
+      .def(
+          "admit", [](Ops& h, request_id id, opt_stream s) { return h.admit(id, default_stream(s)); },
+          nb::arg("request"), nb::arg("stream") = nb::none())
+      .def(
+          "complete", [](Ops& h, request_id id, opt_stream s) { h.complete(id, default_stream(s)); },
+          nb::arg("request"), nb::arg("stream") = nb::none())
+      .def("frontier", &Ops::frontier, nb::arg("request"), nb::arg("source"))
+      .def("positions", &Ops::positions, nb::arg("request"), nb::arg("source"))
+      .def(
+          "append",
+          [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
+             opt_stream s) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
+            const bool dev = rows_on_device(rows);
+            const std::size_t bytes = elements(rows);
+            const std::size_t n = source < std::size(L::sources) ? rows_count(bytes, count, L::sources[source]) : 0;
+            h.append(id, source, rows.data(), bytes, n, dev, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
+          nb::arg("stream") = nb::none())
+      .def(
+          "resolve",
+          [](Ops& h, std::size_t source, nb::handle requests, nb::handle sel_obj, nb::handle loc_obj,
+             copy_layers mode, opt_stream s) {
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const request_list ids = as_requests(requests);
+            const auto [c, k] = batch_shape(sel, loc, ids.size(), where::cuda);
+            h.resolve(source, ids.data(), c, static_cast<const std::int32_t*>(sel.data()),
+                      static_cast<std::int32_t*>(loc.data()), k, default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("selections"), nb::arg("locations"),
+          nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none(),
+          "Eager batched resolve on the device (asynchronous; not capturable: use resolve_view in a graph).")
+      .def(
+          "resolve_view",
+          [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle sel_obj, nb::handle loc_obj,
+             nb::handle count_obj, std::optional<nb::handle> lengths_obj, copy_layers mode, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const in_array count = import_array<in_array>(count_obj, "count");
+            std::optional<in_array> lengths;
+            if (lengths_obj) lengths = import_array<in_array>(*lengths_obj, "lengths");
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            if (slots.ndim() != 1) throw size_mismatch("slots must be 1-D [capacity]");
+            const auto [cap, stride] = batch_shape(sel, loc, slots.shape(0), where::cuda);
+            check_count_array(count);
+            const std::int32_t* len = nullptr;
+            if (lengths) {
+              check_array<std::int32_t>(*lengths, "lengths", where::cuda);
+              if (elements(*lengths) != cap) throw size_mismatch("lengths must hold one entry per slot");
+              len = static_cast<const std::int32_t*>(lengths->data());
+            }
+            h.resolve_view(source, static_cast<const std::int32_t*>(slots.data()),
+                           static_cast<const std::int32_t*>(sel.data()), static_cast<std::int32_t*>(loc.data()), len,
+                           static_cast<const std::uint32_t*>(count.data()), static_cast<std::uint32_t>(stride),
+                           static_cast<std::uint32_t>(cap), default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"), nb::arg("count"),
+          nb::arg("lengths") = nb::none(), nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none(),
+          "Resolve over device buffers: slots [capacity] (slot_of), selections/locations [capacity, stride], "
+          "count [1] (entries this launch). Everything is read when the kernel runs, so it can be captured "
+          "in a CUDA graph once and replayed with new contents. Errors: check_errors.")
+      .def(
+          "resolve_view_ptr",
+          [](Ops& h, std::size_t source, std::uintptr_t slots, std::uintptr_t sel, std::uintptr_t loc,
+             std::uintptr_t count, std::uint32_t stride, std::uint32_t capacity, std::uintptr_t lengths,
+             copy_layers mode, opt_stream s) {
+            h.resolve_view(source, reinterpret_cast<const std::int32_t*>(slots),
+                           reinterpret_cast<const std::int32_t*>(sel), reinterpret_cast<std::int32_t*>(loc),
+                           reinterpret_cast<const std::int32_t*>(lengths), reinterpret_cast<const std::uint32_t*>(count),
+                           stride, capacity, default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"), nb::arg("count"),
+          nb::arg("stride"), nb::arg("capacity"), nb::arg("lengths") = 0, nb::arg("mode") = copy_layers::all,
+          nb::arg("stream") = nb::none(),
+          "resolve_view over raw device addresses (e.g. tensor.data_ptr(), taken once): no array import, "
+          "the lowest-overhead eager call. The buffers must match resolve_view's shapes; nothing is checked "
+          "but what the library checks.")
+      .def(
+          "_time_resolve_view",
+          [](Ops& h, std::size_t iterations, std::size_t source, nb::handle slots_obj, nb::handle sel_obj,
+             nb::handle loc_obj, nb::handle count_obj, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array sel = import_array<in_array>(sel_obj, "selections");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const in_array count = import_array<in_array>(count_obj, "count");
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            const auto [cap, stride] = batch_shape(sel, loc, slots.shape(0), where::cuda);
+            check_count_array(count);
+            return h.time_resolve_view(iterations, source, static_cast<const std::int32_t*>(slots.data()),
+                                       static_cast<const std::int32_t*>(sel.data()),
+                                       static_cast<std::int32_t*>(loc.data()),
+                                       static_cast<const std::uint32_t*>(count.data()),
+                                       static_cast<std::uint32_t>(stride), static_cast<std::uint32_t>(cap),
+                                       default_stream(s));
+          },
+          nb::arg("iterations"), nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"),
+          nb::arg("count"), nb::arg("stream") = nb::none(),
+          "Benchmark helper: host seconds per resolve_view call issued from C++ (python/benchmarks).")
+      .def(
+          "check_errors", [](Ops& h, opt_stream s) { h.check_errors(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "Synchronises the stream and raises the typed error of the first bad entry since the last check.")
+      .def("last_stats", &Ops::last_stats, nb::arg("source"))
+      .def("last_plan", &Ops::last_plan, nb::arg("source"))
+      .def(
+          "copy_follower",
+          [](Ops& h, std::size_t source, std::size_t layer, opt_stream s) { h.copy_follower(source, layer, default_stream(s)); },
+          nb::arg("source"), nb::arg("layer"), nb::arg("stream") = nb::none())
+      .def(
+          "release_staging", [](Ops& h, std::size_t source, opt_stream s) { h.release_staging(source, default_stream(s)); },
+          nb::arg("source"), nb::arg("stream") = nb::none())
+      .def("staging_holder", &Ops::staging_holder)
+      .def(
+          "stage_block",
+          [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::size_t count, opt_stream s) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
+            const bool dev = rows_on_device(rows);
+            h.stage_block(id, source, rows.data(), elements(rows), count, dev, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count"), nb::arg("stream") = nb::none())
+      .def(
+          "verify",
+          [](Ops& h, std::size_t source, nb::handle requests, nb::handle queries_obj, nb::handle loc_obj,
+             std::optional<std::vector<std::size_t>> query_counts, copy_layers mode, opt_stream s) {
+            const in_array queries = import_array<in_array>(queries_obj, "queries");
+            const out_array loc = import_array<out_array>(loc_obj, "locations");
+            const request_list ids = as_requests(requests);
+            const auto [c, kmax, k] = verify_shape(queries, loc, ids.size(), where::cuda);
+            const auto widths = round_widths(query_counts, c, kmax);
+            h.verify(source, ids.data(), c, widths.data(), kmax, static_cast<const std::int32_t*>(queries.data()),
+                     static_cast<std::int32_t*>(loc.data()), k, default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("queries"), nb::arg("locations"),
+          nb::arg("query_counts") = nb::none(), nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none())
+      .def("last_verify_stats", &Ops::last_verify_stats, nb::arg("source"))
+      .def(
+          "commit",
+          [](Ops& h, request_id id, std::size_t source, std::size_t accepted, opt_stream s) {
+            h.commit(id, source, accepted, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("accepted"), nb::arg("stream") = nb::none())
+      .def("block_rows", &Ops::block_rows, nb::arg("request"), nb::arg("source"), nb::arg("count"))
+      .def("staged_rows", &Ops::staged_rows, nb::arg("request"), nb::arg("source"))
+      .def("verified_queries", &Ops::verified_queries, nb::arg("request"), nb::arg("source"))
+      .def(
+          "map_optional_page",
+          [](Ops& h, request_id id, std::size_t source, std::size_t page, opt_stream s) {
+            return h.map_optional_page(id, source, page, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("page"), nb::arg("stream") = nb::none())
+      .def(
+          "unmap_optional_page",
+          [](Ops& h, request_id id, std::size_t source, std::size_t page, opt_stream s) {
+            h.unmap_optional_page(id, source, page, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("page"), nb::arg("stream") = nb::none())
+      .def("free_optional_pages", &Ops::free_optional_pages, nb::arg("source"))
+      .def("free_host_pages", &Ops::free_host_pages, nb::arg("source"))
+      .def("pool_rows", &Ops::pool_rows)
+      .def(
+          "pool",
+          [](nb::handle self, std::size_t source, std::size_t layer, std::optional<std::string> like) {
+            const Ops& h = nb::cast<const Ops&>(self);
+            if (source >= std::size(L::sources)) h.pool(source, layer);  // invalid_source from the library
+            return pool_view(h.pool(source, layer), h.pool_rows(), L::sources[source].row_bytes, self,
+                             nb::device::cuda::value, h.device(), like.value_or(""), false);
+          },
+          nb::arg("source"), nb::arg("layer") = 0, nb::arg("like") = nb::none(),
+          "Zero-copy [pool_rows, row_bytes] uint8 view of a payload layer's device pool (DLPack; like='torch' "
+          "gives a torch tensor). Read it only; it keeps the hierarchy alive.")
+      .def("payload", [](const Ops& h, std::size_t source, std::size_t layer, location loc) {
+        const auto r = h.payload_row(source, layer, loc);
+        return nb::bytes(reinterpret_cast<const char*>(r.data()), r.size());
+      })
+      .def("host_row", [](const Ops& h, request_id id, std::size_t source, std::size_t layer, row_index row) {
+        const auto r = h.host_row(id, source, layer, row);
+        return nb::bytes(reinterpret_cast<const char*>(r.data()), r.size());
+      })
+      .def("hot_rows_of", &Ops::hot_rows_of)
+      .def("lru_order_of", &Ops::lru_order_of)
+      .def("optional_map_of", &Ops::optional_map_of)
+      .def(
+          "synchronize", [](const Ops& h, opt_stream s) { h.synchronize(default_stream(s)); },
+          nb::arg("stream") = nb::none());
+}
+
+template <class M>
+void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
+  using L = typename M::layout_type;
+  // Keeps the imported arrays alive for the call (their capsules own the data references).
+  auto imports_of = [](nb::handle history, std::vector<in_array>& arrays, bool& dev) {
+    std::vector<import_rows> out;
+    dev = false;
+    if (history.is_none()) return out;
+    for (nb::handle item : history) arrays.push_back(import_array<in_array>(item, "history"));
+    for (std::size_t s = 0; s < arrays.size(); ++s) {
+      const auto& a = arrays[s];
+      const bool d = rows_on_device(a);
+      if (s > 0 && d != dev) throw nb::type_error("history: every source's rows must live on the same device");
+      dev = d;
+      const std::size_t bytes = elements(a);
+      out.push_back({a.data(), bytes, s < std::size(L::sources) ? rows_count(bytes, std::nullopt, L::sources[s]) : 0});
+    }
+    return out;
+  };
+  const std::string pol = policy;
+  nb::class_<M>(m, name, nb::is_weak_referenceable())
+      .def(nb::init<const hierarchy_config&, const residency_config&, stream_handle>(), nb::arg("config"),
+           nb::arg("residency"), nb::arg("stream") = 0)
+      .def_prop_ro_static("policy", [pol](nb::handle) { return pol; })
+      .def_prop_ro_static("backend", [](nb::handle) { return "cuda"; })
+      .def_prop_ro("hierarchy", &M::hierarchy, nb::rv_policy::reference_internal)
+      .def_prop_ro("step_stream", &M::step_stream)
+      .def_prop_ro("copy_stream", &M::copy_stream)
+      .def_prop_ro("residency_config", &M::config)
+      .def_prop_ro("counters", &M::counters)
+      .def_prop_ro("capacity_pages", &M::capacity_pages)
+      .def_prop_ro("pinned_pages_per_request", &M::pinned_pages_per_request)
+      .def("contains", &M::contains)
+      .def_prop_ro("admitted_count", &M::admitted_count)
+      .def_prop_ro("claims", &M::claims)
+      .def("claimed", &M::claimed)
+      .def("reclaiming", &M::reclaiming)
+      .def("ledger", &M::ledger, nb::arg("source"))
+      .def("invariant_holds", &M::invariant_holds)
+      .def("retiring_pages", &M::retiring_pages, nb::arg("source"))
+      .def("optional_pages_of", &M::optional_pages_of, nb::arg("request"), nb::arg("source"))
+      .def("imported_rows", &M::imported_rows, nb::arg("request"), nb::arg("source"))
+      .def("reclaim_sequence", &M::reclaim_sequence)
+      .def(
+          "admit",
+          [imports_of](M& mgr, request_id id, nb::handle history) {
+            bool dev = false;
+            std::vector<in_array> arrays;
+            const auto imports = imports_of(history, arrays, dev);
+            return mgr.admit(id, imports, dev);
+          },
+          nb::arg("request"), nb::arg("history") = nb::none(),
+          "Resident-first admission; `history`: one uint8 array per source (CUDA arrays import from the "
+          "device; they must stay valid until the call that admits), or None.")
+      .def("withdraw", &M::withdraw, nb::arg("request"))
+      .def(
+          "append",
+          [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count) {
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
+            const bool dev = rows_on_device(rows);
+            const std::size_t bytes = elements(rows);
+            mgr.append(id, source, rows.data(), bytes,
+                       source < std::size(L::sources) ? rows_count(bytes, count, L::sources[source]) : 0, dev);
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def("complete", &M::complete, nb::arg("request"))
+      .def("repopulate", &M::repopulate)
+      .def("back_up", &M::back_up, nb::arg("max_pages"))
+      .def("poll", &M::poll)
+      .def("drain", &M::drain)
+      .def("audit", &M::audit);
+}
+
+/// Binds the CUDA hierarchy and its four residency managers of `Layout` with hot cache `B`.
+template <class Layout, std::size_t B>
+void bind_cuda_layout(nb::module_& m, const char* layout_name) {
+  const std::string base = std::string("_") + layout_name;
+  static const std::string hname = "CudaHierarchy" + base;
+  static const std::string fixed = "CudaResidencyManager" + base + "_fixed_budget";
+  static const std::string mra = "CudaResidencyManager" + base + "_adaptive_mra";
+  static const std::string lra = "CudaResidencyManager" + base + "_adaptive_lra";
+  static const std::string res = "CudaResidencyManager" + base + "_resident";
+  bind_cuda_hierarchy<cuda_hierarchy_ops<Layout, B>>(m, hname.c_str(), layout_info<Layout>(layout_name));
+  bind_cuda_manager<cuda_manager_ops<Layout, B, fixed_budget_policy>>(m, fixed.c_str(), fixed_budget_policy::name);
+  bind_cuda_manager<cuda_manager_ops<Layout, B, adaptive_policy<>>>(m, mra.c_str(), adaptive_policy<>::name);
+  using lra_policy = adaptive_policy<reclaim_order::least_recent_first>;
+  bind_cuda_manager<cuda_manager_ops<Layout, B, lra_policy>>(m, lra.c_str(), lra_policy::name);
+  bind_cuda_manager<cuda_manager_ops<Layout, B, resident_policy>>(m, res.c_str(), resident_policy::name);
+}
+
+}  // namespace dhisparse::python

@@ -1,0 +1,161 @@
+#pragma once
+// A facade over dhisparse::cuda::hierarchy and cuda::residency_manager with no CUDA type in its
+// signatures: the facade is compiled by nvcc (layout_cuda_ops.cu), the nanobind binding by the host
+// compiler (layout_cuda.cpp), so nanobind never meets device code. Pointers are device-accessible
+// unless a name says host; streams are cudaStream_t handles as integers.
+//
+// Adding an operation of the C++ API: declare it here, define it in layout_cuda_ops.cu (one line
+// forwarding to the hierarchy), bind it in cuda_bind.hpp.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dhisparse/hierarchy_types.hpp>
+#include <dhisparse/host/residency_manager.hpp>
+#include <dhisparse/location_space.hpp>
+#include <dhisparse/policies/residency.hpp>
+#include <dhisparse/types.hpp>
+
+namespace dhisparse::python {
+
+/// A cudaStream_t as an integer (0: the legacy default stream).
+using stream_handle = std::uintptr_t;
+
+/// Rows of one source's prefilled history: `count` rows at `rows` (`bytes` long; host or device).
+struct import_rows {
+  const void* rows = nullptr;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+};
+
+/// cuda::hierarchy<Layout, lru_hot_cache<B>> behind a pimpl; owning, or a view of a manager's.
+template <class Layout, std::size_t B>
+class cuda_hierarchy_ops {
+ public:
+  using layout_type = Layout;
+  static constexpr std::size_t hot_rows = B;
+  cuda_hierarchy_ops(const hierarchy_config& cfg, stream_handle stream);
+  /// A non-owning view of the hierarchy at `hierarchy` (a residency manager's).
+  static cuda_hierarchy_ops view_of(void* hierarchy);
+  cuda_hierarchy_ops(cuda_hierarchy_ops&&) noexcept;
+  cuda_hierarchy_ops& operator=(cuda_hierarchy_ops&&) noexcept;
+  ~cuda_hierarchy_ops();
+
+  const hierarchy_config& config() const;
+  location_space space() const;
+  int device() const;
+  stream_handle stream() const;
+  bool contains(request_id id) const;
+  std::size_t slot_of(request_id id) const;
+  std::size_t admitted_count() const;
+  void set_programmatic_launch(bool on);
+  bool programmatic_launch() const;
+
+  admission admit(request_id id, stream_handle s);
+  void complete(request_id id, stream_handle s);
+  std::int64_t frontier(request_id id, std::size_t source) const;
+  std::int64_t positions(request_id id, std::size_t source) const;
+  /// `on_device`: rows are device-accessible; otherwise any host memory (staged by the library).
+  void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device,
+              stream_handle s);
+
+  /// Eager batched resolve (not capturable): entry i reads sel + i*k and writes loc + i*k.
+  void resolve(std::size_t source, const request_id* ids, std::size_t c, const std::int32_t* sel, std::int32_t* loc,
+               std::size_t k, stream_handle s, copy_layers mode);
+  /// Resolve over a device batch descriptor (strided): capturable in a CUDA graph.
+  void resolve_view(std::size_t source, const std::int32_t* slots, const std::int32_t* sel, std::int32_t* loc,
+                    const std::int32_t* lengths, const std::uint32_t* count, std::uint32_t stride,
+                    std::uint32_t capacity, stream_handle s, copy_layers mode);
+  /// Host seconds per call of `iterations` back-to-back resolve_view calls made from C++ (the
+  /// baseline of the binding-overhead benchmark; synchronises before and after, not between).
+  double time_resolve_view(std::size_t iterations, std::size_t source, const std::int32_t* slots,
+                           const std::int32_t* sel, std::int32_t* loc, const std::uint32_t* count,
+                           std::uint32_t stride, std::uint32_t capacity, stream_handle s);
+  void check_errors(stream_handle s);
+  std::vector<resolve_stats> last_stats(std::size_t source) const;
+  std::vector<planned_copy> last_plan(std::size_t source) const;
+  void copy_follower(std::size_t source, std::size_t layer, stream_handle s);
+  void release_staging(std::size_t source, stream_handle s);
+  std::optional<std::size_t> staging_holder() const;
+
+  void stage_block(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count,
+                   bool on_device, stream_handle s);
+  /// Eager verify: request i has widths[i] queries; query j reads q + (i*kmax + j)*k.
+  void verify(std::size_t source, const request_id* ids, std::size_t c, const std::size_t* widths, std::size_t kmax,
+              const std::int32_t* q, std::int32_t* loc, std::size_t k, stream_handle s, copy_layers mode);
+  std::vector<verify_stats> last_verify_stats(std::size_t source) const;
+  void commit(request_id id, std::size_t source, std::size_t accepted, stream_handle s);
+  std::size_t block_rows(request_id id, std::size_t source, std::size_t count) const;
+  std::size_t staged_rows(request_id id, std::size_t source) const;
+  std::size_t verified_queries(request_id id, std::size_t source) const;
+
+  bool map_optional_page(request_id id, std::size_t source, std::size_t page, stream_handle s);
+  void unmap_optional_page(request_id id, std::size_t source, std::size_t page, stream_handle s);
+  std::size_t free_optional_pages(std::size_t source) const;
+  std::size_t free_host_pages(std::size_t source) const;
+
+  /// Device base of a payload layer's pool ([pool_rows, row_bytes]).
+  void* pool(std::size_t source, std::size_t layer) const;
+  std::size_t pool_rows() const;
+  std::vector<std::uint8_t> payload_row(std::size_t source, std::size_t layer, location loc) const;
+  std::vector<std::uint8_t> host_row(request_id id, std::size_t source, std::size_t layer, row_index row) const;
+  std::vector<row_index> hot_rows_of(request_id id, std::size_t source) const;
+  std::vector<std::size_t> lru_order_of(request_id id, std::size_t source) const;
+  std::vector<std::int32_t> optional_map_of(request_id id, std::size_t source) const;
+  void synchronize(stream_handle s) const;
+
+ private:
+  struct impl;
+  explicit cuda_hierarchy_ops(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> p_;
+};
+
+/// cuda::residency_manager<cuda::hierarchy<Layout, lru_hot_cache<B>>, Policy> behind a pimpl.
+template <class Layout, std::size_t B, class Policy>
+class cuda_manager_ops {
+ public:
+  using layout_type = Layout;
+  cuda_manager_ops(const hierarchy_config& cfg, const residency_config& rcfg, stream_handle step_stream);
+  cuda_manager_ops(cuda_manager_ops&&) noexcept;
+  ~cuda_manager_ops();
+
+  /// A non-owning view of the owned hierarchy (valid while this manager lives).
+  cuda_hierarchy_ops<Layout, B>& hierarchy() { return *view_; }
+  stream_handle step_stream() const;
+  stream_handle copy_stream() const;
+  const residency_config& config() const;
+  const residency_counters& counters() const;
+  std::size_t capacity_pages() const;
+  std::size_t pinned_pages_per_request() const;
+  bool contains(request_id id) const;
+  std::size_t admitted_count() const;
+  std::size_t claims() const;
+  bool claimed(request_id id) const;
+  bool reclaiming(request_id id) const;
+  residency_ledger ledger(std::size_t source) const;
+  bool invariant_holds() const;
+  std::size_t retiring_pages(std::size_t source) const;
+  std::size_t optional_pages_of(request_id id, std::size_t source) const;
+  std::int64_t imported_rows(request_id id, std::size_t source) const;
+  std::vector<request_id> reclaim_sequence() const;
+
+  residency_admission admit(request_id id, const std::vector<import_rows>& history, bool on_device);
+  void withdraw(request_id id);
+  void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device);
+  void complete(request_id id);
+  std::size_t repopulate();
+  std::size_t back_up(std::size_t max_pages);
+  void poll();
+  void drain();
+  std::string audit() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> p_;
+  std::unique_ptr<cuda_hierarchy_ops<Layout, B>> view_;
+};
+
+}  // namespace dhisparse::python

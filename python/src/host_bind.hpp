@@ -1,0 +1,317 @@
+#pragma once
+// Binders of the host backend: host_hierarchy and residency_manager of one layout. Every per-step
+// call takes arrays without copying them (check_array refuses what would need a copy).
+#include <nanobind/stl/pair.h>
+
+#include <dhisparse/host/hierarchy.hpp>
+#include <dhisparse/host/residency_manager.hpp>
+
+#include "common.hpp"
+
+namespace dhisparse::python {
+
+/// A read-only or writable 2-D uint8 view [rows, row_bytes] of `base`, kept alive by `owner`,
+/// as a numpy array, a torch tensor, or (`like` empty) a DLPack-capable nanobind array.
+inline nb::object pool_view(void* base, std::size_t rows, std::size_t row_bytes, nb::handle owner, int device_type,
+                            int device_id, const std::string& like, bool read_only) {
+  const std::size_t shape[2] = {rows, row_bytes};
+  auto* p = static_cast<std::uint8_t*>(base);
+  if (like == "torch")  // torch has no read-only tensors
+    return nb::cast(nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                       nb::dtype<std::uint8_t>(), device_type, device_id));
+  if (like == "numpy") {
+    if (device_type != nb::device::cpu::value) throw nb::type_error("numpy views exist for CPU pools only");
+    return nb::cast(nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>>(p, 2, shape, owner));
+  }
+  if (like == "cupy")
+    return nb::cast(nb::ndarray<nb::cupy, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                    nb::dtype<std::uint8_t>(), device_type, device_id));
+  if (like == "jax")
+    return nb::cast(nb::ndarray<nb::jax, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                   nb::dtype<std::uint8_t>(), device_type, device_id));
+  if (!like.empty()) throw nb::value_error("like must be 'numpy', 'torch', 'cupy', 'jax' or None");
+#if NB_VERSION_MAJOR > 2 || (NB_VERSION_MAJOR == 2 && NB_VERSION_MINOR >= 2)
+  // An object with __dlpack__ / __dlpack_device__ (and the buffer protocol on the CPU): any
+  // framework's from_dlpack takes it.
+  using neutral = nb::array_api;
+#else
+  using neutral = nb::no_framework;  // a DLPack capsule
+#endif
+  if (read_only)
+    return nb::cast(nb::ndarray<neutral, const std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                         nb::dtype<std::uint8_t>(), device_type,
+                                                                         device_id));
+  return nb::cast(nb::ndarray<neutral, std::uint8_t, nb::ndim<2>>(p, 2, shape, owner, nullptr,
+                                                                 nb::dtype<std::uint8_t>(), device_type, device_id));
+}
+
+/// Checks selections/locations of a batched call: same shape, [C, k'] with C = requests (or [k']
+/// for a single request), int32, C-contiguous, on `w`. Returns (C, k').
+template <class Sel, class Loc>
+std::pair<std::size_t, std::size_t> batch_shape(const Sel& sel, const Loc& loc, std::size_t requests, where w) {
+  check_array<std::int32_t>(sel, "selections", w);
+  check_array<std::int32_t>(loc, "locations", w);
+  bool same = sel.ndim() == loc.ndim();
+  for (std::size_t d = 0; same && d < sel.ndim(); ++d) same = sel.shape(d) == loc.shape(d);
+  if (!same) throw size_mismatch("selections " + shape_of(sel) + " and locations " + shape_of(loc) + " differ in shape");
+  if (sel.ndim() == 1) {
+    if (requests != 1) throw size_mismatch("a 1-D selection needs exactly one request");
+    return {1, sel.shape(0)};
+  }
+  if (sel.ndim() != 2 || sel.shape(0) != requests)
+    throw size_mismatch("selections " + shape_of(sel) + " must be [C, k] with C = " + std::to_string(requests) +
+                        " requests");
+  return {requests, sel.shape(1)};
+}
+
+/// Checks verify queries/locations: [C, K, k'] (or [K, k'] for one request). Returns (C, K, k').
+template <class Sel, class Loc>
+std::array<std::size_t, 3> verify_shape(const Sel& q, const Loc& loc, std::size_t requests, where w) {
+  check_array<std::int32_t>(q, "queries", w);
+  check_array<std::int32_t>(loc, "locations", w);
+  bool same = q.ndim() == loc.ndim();
+  for (std::size_t d = 0; same && d < q.ndim(); ++d) same = q.shape(d) == loc.shape(d);
+  if (!same) throw size_mismatch("queries " + shape_of(q) + " and locations " + shape_of(loc) + " differ in shape");
+  if (q.ndim() == 2) {
+    if (requests != 1) throw size_mismatch("2-D queries [K, k] need exactly one request");
+    return {1, q.shape(0), q.shape(1)};
+  }
+  if (q.ndim() != 3 || q.shape(0) != requests)
+    throw size_mismatch("queries " + shape_of(q) + " must be [C, K, k] with C = " + std::to_string(requests) +
+                        " requests");
+  return {requests, q.shape(1), q.shape(2)};
+}
+
+/// K_r of each request: `query_counts` (each <= K) or K for all.
+inline std::vector<std::size_t> round_widths(const std::optional<std::vector<std::size_t>>& counts, std::size_t c,
+                                             std::size_t k) {
+  if (!counts) return std::vector<std::size_t>(c, k);
+  if (counts->size() != c)
+    throw size_mismatch("query_counts has " + std::to_string(counts->size()) + " entries for " + std::to_string(c) +
+                        " requests");
+  for (std::size_t v : *counts)
+    if (v > k) throw size_mismatch("query_counts entry " + std::to_string(v) + " exceeds the queries' K = " + std::to_string(k));
+  return *counts;
+}
+
+/// Requests given as one int or a sequence.
+inline request_list as_requests(nb::handle h) {
+  if (PyLong_Check(h.ptr())) return {nb::cast<request_id>(h)};
+  return nb::cast<request_list>(h);
+}
+
+inline nb::dict space_dict(const location_space& s) {
+  nb::dict d;
+  d["slots"] = s.slots;
+  d["hot_rows"] = s.hot_rows;
+  d["tail_rows"] = s.tail_rows;
+  d["optional_pages"] = s.optional_pages;
+  d["page_rows"] = s.page_rows;
+  d["staging_rows"] = s.staging_rows;
+  d["staging_begin"] = s.staging_begin();
+  d["rows"] = s.rows();
+  return d;
+}
+
+inline nb::bytes to_bytes(std::span<const std::byte> s) { return nb::bytes(reinterpret_cast<const char*>(s.data()), s.size()); }
+
+/// Binds host_hierarchy `H` as `name`.
+template <class H>
+void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_name) {
+  using L = typename H::layout;
+  auto rows_span = [](const in_array& rows) {
+    check_array<std::uint8_t>(rows, "rows", where::cpu);
+    return std::span<const std::byte>(static_cast<const std::byte*>(rows.data()), elements(rows));
+  };
+  nb::class_<H>(m, name, nb::is_weak_referenceable())
+      .def(nb::init<const hierarchy_config&>(), nb::arg("config"))
+      .def_prop_ro_static("layout", [layout_name](nb::handle) { return layout_info<L>(layout_name); })
+      .def_prop_ro_static("hot_rows", [](nb::handle) { return H::hot_rows; })
+      .def_prop_ro_static("top_k", [](nb::handle) { return H::top_k; })
+      .def_prop_ro_static("backend", [](nb::handle) { return "host"; })
+      .def_static("requirements", [](const hierarchy_config& c) {
+        const auto r = H::requirements(c);
+        nb::dict d;
+        d["pool_bytes"] = r.pool_bytes;
+        d["staging_arena_bytes"] = r.staging_arena_bytes;
+        d["host_store_bytes"] = r.host_store_bytes;
+        return d;
+      })
+      .def_prop_ro("config", &H::config)
+      .def_prop_ro("space", [](const H& h) { return space_dict(h.space()); })
+      .def("contains", &H::contains)
+      .def("slot_of", &H::slot_of)
+      .def_prop_ro("admitted_count", &H::admitted_count)
+      .def("admit", &H::admit, nb::arg("request"))
+      .def("complete", &H::complete, nb::arg("request"))
+      .def("frontier", &H::frontier, nb::arg("request"), nb::arg("source"))
+      .def("positions", &H::positions, nb::arg("request"), nb::arg("source"))
+      .def(
+          "append",
+          [rows_span](H& h, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {
+            const auto bytes = rows_span(rows);
+            if (source >= H::sources) return h.append(id, source, bytes, 0);  // invalid_source from the library
+            h.append(id, source, bytes, rows_count(bytes.size(), count, L::sources[source]));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def(
+          "resolve",
+          [](H& h, std::size_t source, nb::handle requests, const in_array& sel, const out_array& loc, copy_layers mode) {
+            const request_list ids = as_requests(requests);
+            const auto [c, k] = batch_shape(sel, loc, ids.size(), where::cpu);
+            std::vector<resolve_item> items(c);
+            const auto* s = static_cast<const row_index*>(sel.data());
+            auto* l = static_cast<location*>(loc.data());
+            for (std::size_t i = 0; i < c; ++i)
+              items[i] = {ids[i], std::span<const row_index>(s + i * k, k), std::span<location>(l + i * k, k)};
+            return h.resolve(source, std::span<const resolve_item>(items), mode);
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("selections"), nb::arg("locations"),
+          nb::arg("mode") = copy_layers::all)
+      .def("copy_follower", &H::copy_follower, nb::arg("source"), nb::arg("layer"))
+      .def("last_plan", [](const H& h, std::size_t source) {
+        const auto p = h.last_plan(source);
+        return std::vector<planned_copy>(p.begin(), p.end());
+      })
+      .def(
+          "stage_block",
+          [rows_span](H& h, request_id id, std::size_t source, const in_array& rows, std::size_t count) {
+            h.stage_block(id, source, rows_span(rows), count);
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count"))
+      .def(
+          "verify",
+          [](H& h, std::size_t source, nb::handle requests, const in_array& queries, const out_array& loc,
+             std::optional<std::vector<std::size_t>> query_counts, copy_layers mode) {
+            const request_list ids = as_requests(requests);
+            const auto [c, kmax, k] = verify_shape(queries, loc, ids.size(), where::cpu);
+            const auto widths = round_widths(query_counts, c, kmax);
+            std::vector<std::span<const row_index>> qs(c * kmax);
+            std::vector<std::span<location>> ls(c * kmax);
+            std::vector<verify_item> items(c);
+            const auto* q = static_cast<const row_index*>(queries.data());
+            auto* l = static_cast<location*>(loc.data());
+            for (std::size_t i = 0; i < c; ++i) {
+              for (std::size_t j = 0; j < kmax; ++j) {
+                qs[i * kmax + j] = {q + (i * kmax + j) * k, k};
+                ls[i * kmax + j] = {l + (i * kmax + j) * k, k};
+              }
+              items[i] = {ids[i], std::span<const std::span<const row_index>>(qs.data() + i * kmax, widths[i]),
+                          std::span<const std::span<location>>(ls.data() + i * kmax, widths[i])};
+            }
+            return h.verify(source, std::span<const verify_item>(items), mode);
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("queries"), nb::arg("locations"),
+          nb::arg("query_counts") = nb::none(), nb::arg("mode") = copy_layers::all)
+      .def("commit", &H::commit, nb::arg("request"), nb::arg("source"), nb::arg("accepted"))
+      .def("block_rows", &H::block_rows, nb::arg("request"), nb::arg("source"), nb::arg("count"))
+      .def("staged_rows", &H::staged_rows, nb::arg("request"), nb::arg("source"))
+      .def("verified_queries", &H::verified_queries, nb::arg("request"), nb::arg("source"))
+      .def("release_staging", &H::release_staging, nb::arg("source"))
+      .def("staging_holder", &H::staging_holder)
+      .def("map_optional_page", &H::map_optional_page, nb::arg("request"), nb::arg("source"), nb::arg("page"))
+      .def("unmap_optional_page", &H::unmap_optional_page, nb::arg("request"), nb::arg("source"), nb::arg("page"))
+      .def("free_optional_pages", &H::free_optional_pages, nb::arg("source"))
+      .def("free_host_pages", &H::free_host_pages, nb::arg("source"))
+      .def_prop_ro("pool_bytes", &H::pool_bytes)
+      .def("pool_rows", [](const H& h) { return h.space().rows(); })
+      .def(
+          "pool",
+          [](nb::handle self, std::size_t source, std::size_t layer, std::optional<std::string> like) {
+            const H& h = nb::cast<const H&>(self);
+            const auto first = h.payload(source, layer, 0);  // checks source and layer
+            return pool_view(const_cast<std::byte*>(first.data()), h.space().rows(), L::sources[source].row_bytes, self,
+                             nb::device::cpu::value, 0, like.value_or(""), true);
+          },
+          nb::arg("source"), nb::arg("layer") = 0, nb::arg("like") = nb::none(),
+          "Zero-copy [pool_rows, row_bytes] uint8 view of a payload layer's (simulated) pool; row `loc` "
+          "holds the row a resolve returned at `loc`. Keeps the hierarchy alive.")
+      .def("payload", [](const H& h, std::size_t source, std::size_t layer, location loc) {
+        return to_bytes(h.payload(source, layer, loc));
+      })
+      .def("host_row", [](const H& h, request_id id, std::size_t source, std::size_t layer, row_index row) {
+        return to_bytes(h.host_row(id, source, layer, row));
+      })
+      .def("hot_rows_of", [](const H& h, request_id id, std::size_t source) {
+        const auto s = h.hot_rows_of(id, source);
+        return std::vector<row_index>(s.begin(), s.end());
+      })
+      .def("lru_order_of", [](const H& h, request_id id, std::size_t source) {
+        const auto s = h.lru_order_of(id, source);
+        return std::vector<std::size_t>(s.begin(), s.end());
+      })
+      .def("optional_map_of", [](const H& h, request_id id, std::size_t source) {
+        const auto s = h.optional_map_of(id, source);
+        return std::vector<std::int32_t>(s.begin(), s.end());
+      });
+}
+
+/// Binds residency_manager<H, P> as `name`.
+template <class M>
+void bind_host_manager(nb::module_& m, const char* name) {
+  using H = typename M::hierarchy_type;
+  using L = typename H::layout;
+  nb::class_<M>(m, name, nb::is_weak_referenceable())
+      .def(nb::init<const hierarchy_config&, const residency_config&>(), nb::arg("config"), nb::arg("residency"))
+      .def_prop_ro_static("policy", [](nb::handle) { return std::string(M::policy::name); })
+      .def_prop_ro_static("backend", [](nb::handle) { return "host"; })
+      .def_prop_ro("hierarchy", nb::overload_cast<>(&M::hierarchy), nb::rv_policy::reference_internal)
+      .def_prop_ro("residency_config", &M::config)
+      .def_prop_ro("counters", &M::counters)
+      .def_prop_ro("capacity_pages", &M::capacity_pages)
+      .def_prop_ro("pinned_pages_per_request", &M::pinned_pages_per_request)
+      .def("contains", &M::contains)
+      .def_prop_ro("admitted_count", &M::admitted_count)
+      .def("ledger", &M::ledger, nb::arg("source"))
+      .def("invariant_holds", &M::invariant_holds)
+      .def("optional_pages_of", &M::optional_pages_of, nb::arg("request"), nb::arg("source"))
+      .def("imported_rows", &M::imported_rows, nb::arg("request"), nb::arg("source"))
+      .def("reclaim_sequence", &M::reclaim_sequence)
+      .def(
+          "admit",
+          [](M& mgr, request_id id, std::optional<std::vector<in_array>> history) {
+            std::vector<history_import> imports;
+            if (history) {
+              for (std::size_t s = 0; s < history->size(); ++s) {
+                const auto& a = (*history)[s];
+                check_array<std::uint8_t>(a, "history", where::cpu);
+                const std::span<const std::byte> bytes(static_cast<const std::byte*>(a.data()), elements(a));
+                imports.push_back({bytes, s < H::sources ? rows_count(bytes.size(), std::nullopt, L::sources[s]) : 0});
+              }
+            }
+            return mgr.admit(id, std::span<const history_import>(imports));
+          },
+          nb::arg("request"), nb::arg("history") = nb::none(),
+          "Resident-first admission; `history` is one uint8 array per source laid out "
+          "[payload layer][rows][row_bytes] (its row count follows from its size), or None.")
+      .def(
+          "append",
+          [](M& mgr, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {
+            check_array<std::uint8_t>(rows, "rows", where::cpu);
+            const std::span<const std::byte> bytes(static_cast<const std::byte*>(rows.data()), elements(rows));
+            mgr.append(id, source, bytes, source < H::sources ? rows_count(bytes.size(), count, L::sources[source]) : 0);
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def("complete", &M::complete, nb::arg("request"))
+      .def("repopulate", &M::repopulate)
+      .def("audit", &M::audit);
+}
+
+/// Binds the hierarchy and its three residency managers of `Layout` with hot cache `B`.
+template <class Layout, std::size_t B>
+void bind_host_layout(nb::module_& m, const char* layout_name) {
+  using H = host_hierarchy<Layout, lru_hot_cache<B>>;
+  const std::string base = std::string("_") + layout_name;
+  static const std::string hname = "HostHierarchy" + base;
+  static const std::string fixed = "HostResidencyManager" + base + "_fixed_budget";
+  static const std::string mra = "HostResidencyManager" + base + "_adaptive_mra";
+  static const std::string lra = "HostResidencyManager" + base + "_adaptive_lra";
+  static const std::string res = "HostResidencyManager" + base + "_resident";
+  bind_host_hierarchy<H>(m, hname.c_str(), layout_name);
+  bind_host_manager<residency_manager<H, fixed_budget_policy>>(m, fixed.c_str());
+  bind_host_manager<residency_manager<H, adaptive_policy<>>>(m, mra.c_str());
+  bind_host_manager<residency_manager<H, adaptive_policy<reclaim_order::least_recent_first>>>(m, lra.c_str());
+  bind_host_manager<residency_manager<H, resident_policy>>(m, res.c_str());
+}
+
+}  // namespace dhisparse::python

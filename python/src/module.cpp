@@ -1,0 +1,209 @@
+// The `dhisparse._core` extension: typed errors, shared value types, and one binder per layout
+// and backend (host always; CUDA when the package was built with it).
+#include <array>
+#include <cctype>
+#include <exception>
+
+#include <dhisparse/host/residency_manager.hpp>
+
+#include "common.hpp"
+
+namespace dhisparse::python {
+
+namespace {
+
+/// Python exception class of each errc value, indexed by the value; [0] of `base` is DhisparseError.
+std::vector<PyObject*> error_classes;
+PyObject* base_error = nullptr;
+nb::object stream_provider;
+
+std::string camel_case(const char* snake) {
+  std::string out;
+  bool up = true;
+  for (const char* c = snake; *c; ++c) {
+    if (*c == '_') { up = true; continue; }
+    out += up ? static_cast<char>(std::toupper(static_cast<unsigned char>(*c))) : *c;
+    up = false;
+  }
+  return out;
+}
+
+/// errc values are contiguous from 0; to_string answers "unknown" past the last one, so codes
+/// appended to errors.hpp get their class without an edit here.
+std::size_t errc_count() {
+  std::size_t n = 0;
+  while (std::string(to_string(static_cast<errc>(n))) != "unknown") ++n;
+  return n;
+}
+
+}  // namespace
+
+void bind_errors(nb::module_& m) {
+  base_error = PyErr_NewExceptionWithDoc("dhisparse.DhisparseError",
+                                         "Base of every dhisparse error; `code` names the rule broken.",
+                                         PyExc_RuntimeError, nullptr);
+  m.attr("DhisparseError") = nb::handle(base_error);
+  nb::list names;
+  for (std::size_t i = 0, n = errc_count(); i < n; ++i) {
+    const char* code = to_string(static_cast<errc>(i));
+    const std::string cls = camel_case(code);
+    PyObject* type = PyErr_NewException(("dhisparse." + cls).c_str(), base_error, nullptr);
+    nb::handle(type).attr("code") = code;
+    m.attr(cls.c_str()) = nb::handle(type);
+    error_classes.push_back(type);
+    names.append(cls);
+  }
+  m.attr("_error_classes") = names;
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const dhisparse::error& e) {
+      const auto i = static_cast<std::size_t>(e.code());
+      PyErr_SetString(i < error_classes.size() ? error_classes[i] : base_error, e.what());
+    }
+  });
+}
+
+std::uintptr_t default_stream(std::optional<std::uintptr_t> given) {
+  if (given) return *given;
+  if (!stream_provider.is_valid() || stream_provider.is_none()) return 0;
+  return nb::cast<std::uintptr_t>(stream_provider());
+}
+
+void bind_types(nb::module_& m) {
+  m.def("_set_stream_provider", [](nb::object f) { stream_provider = std::move(f); },
+        "Callable returning the CUDA stream handle used when a call is given none.");
+  // Drop the provider before the interpreter tears the module down.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { stream_provider = nb::object(); }));
+
+  nb::enum_<copy_layers>(m, "CopyLayers", "Which payload layers a resolver call materialises.")
+      .value("all", copy_layers::all)
+      .value("producer_only", copy_layers::producer_only);
+
+  nb::enum_<admit_status>(m, "AdmitStatus", "Outcome of a residency admission (every value but admitted is a wait).")
+      .value("admitted", admit_status::admitted)
+      .value("wait_for_slot", admit_status::wait_for_slot)
+      .value("wait_for_memory", admit_status::wait_for_memory)
+      .value("wait_for_host_pages", admit_status::wait_for_host_pages)
+      .value("wait_for_reclaim", admit_status::wait_for_reclaim);
+
+  nb::class_<hierarchy_config>(m, "HierarchyConfig", "Sizes of a hierarchy (C++ dhisparse::hierarchy_config).")
+      .def(
+          "__init__",
+          [](hierarchy_config* c, std::size_t max_requests, std::size_t max_rows, std::size_t host_pages,
+             std::size_t tail_rows, std::size_t optional_pages, std::size_t max_block) {
+            new (c) hierarchy_config{max_requests, max_rows, host_pages, tail_rows, optional_pages, max_block};
+          },
+          nb::kw_only(), nb::arg("max_requests") = 8, nb::arg("max_rows") = 0, nb::arg("host_pages") = 0,
+          nb::arg("tail_rows") = 0, nb::arg("optional_pages") = 0, nb::arg("max_block") = 1)
+      .def_rw("max_requests", &hierarchy_config::max_requests)
+      .def_rw("max_rows", &hierarchy_config::max_rows)
+      .def_rw("host_pages", &hierarchy_config::host_pages)
+      .def_rw("tail_rows", &hierarchy_config::tail_rows)
+      .def_rw("optional_pages", &hierarchy_config::optional_pages)
+      .def_rw("max_block", &hierarchy_config::max_block)
+      .def("__repr__", [](const hierarchy_config& c) {
+        return "HierarchyConfig(max_requests=" + std::to_string(c.max_requests) +
+               ", max_rows=" + std::to_string(c.max_rows) + ", host_pages=" + std::to_string(c.host_pages) +
+               ", tail_rows=" + std::to_string(c.tail_rows) + ", optional_pages=" + std::to_string(c.optional_pages) +
+               ", max_block=" + std::to_string(c.max_block) + ")";
+      });
+
+  nb::class_<residency_config>(m, "ResidencyConfig", "Residency ledger sizes (C++ dhisparse::residency_config).")
+      .def(
+          "__init__",
+          [](residency_config* c, std::size_t required_pages, std::size_t reserve_pages) {
+            new (c) residency_config{required_pages, reserve_pages};
+          },
+          nb::kw_only(), nb::arg("required_pages") = 0, nb::arg("reserve_pages") = 0)
+      .def_rw("required_pages", &residency_config::required_pages)
+      .def_rw("reserve_pages", &residency_config::reserve_pages);
+
+  nb::class_<resolve_stats>(m, "ResolveStats", "Where a resolve's entries were found.")
+      .def_ro("selected", &resolve_stats::selected)
+      .def_ro("direct", &resolve_stats::direct)
+      .def_ro("hot", &resolve_stats::hot)
+      .def_ro("host", &resolve_stats::host)
+      .def_ro("rows_copied", &resolve_stats::rows_copied)
+      .def_ro("bytes_copied", &resolve_stats::bytes_copied)
+      .def("__eq__", [](const resolve_stats& a, const resolve_stats& b) { return a == b; })
+      .def("__repr__", [](const resolve_stats& s) {
+        return "ResolveStats(selected=" + std::to_string(s.selected) + ", direct=" + std::to_string(s.direct) +
+               ", hot=" + std::to_string(s.hot) + ", host=" + std::to_string(s.host) +
+               ", rows_copied=" + std::to_string(s.rows_copied) + ", bytes_copied=" + std::to_string(s.bytes_copied) + ")";
+      });
+
+  nb::class_<verify_stats>(m, "VerifyStats", "Where a verify round's entries were found.")
+      .def_ro("selected", &verify_stats::selected)
+      .def_ro("direct", &verify_stats::direct)
+      .def_ro("block", &verify_stats::block)
+      .def_ro("hot", &verify_stats::hot)
+      .def_ro("host", &verify_stats::host)
+      .def_ro("staged", &verify_stats::staged)
+      .def_ro("rows_copied", &verify_stats::rows_copied)
+      .def_ro("bytes_copied", &verify_stats::bytes_copied)
+      .def_ro("staging_rows", &verify_stats::staging_rows)
+      .def("__eq__", [](const verify_stats& a, const verify_stats& b) { return a == b; });
+
+  nb::class_<admission>(m, "Admission", "Result of Hierarchy.admit: admitted with a slot, or a wait.")
+      .def_ro("admitted", &admission::admitted)
+      .def_ro("slot", &admission::slot)
+      .def("__bool__", [](const admission& a) { return a.admitted; });
+
+  nb::class_<residency_admission>(m, "ResidencyAdmission", "Result of ResidencyManager.admit.")
+      .def_ro("status", &residency_admission::status)
+      .def_ro("slot", &residency_admission::slot)
+      .def_ro("reclaimed_requests", &residency_admission::reclaimed_requests)
+      .def_ro("reclaimed_pages", &residency_admission::reclaimed_pages)
+      .def_ro("mapped_pages", &residency_admission::mapped_pages)
+      .def("__bool__", [](const residency_admission& a) { return a.status == admit_status::admitted; });
+
+  nb::class_<residency_ledger>(m, "ResidencyLedger", "One source's ledger in pages: M, M_req, M_opt, M_res.")
+      .def_ro("capacity", &residency_ledger::capacity)
+      .def_ro("required", &residency_ledger::required)
+      .def_ro("optional", &residency_ledger::optional)
+      .def_ro("reserve", &residency_ledger::reserve)
+      .def("holds", &residency_ledger::holds)
+      .def("spare", &residency_ledger::spare);
+
+  nb::class_<residency_counters>(m, "ResidencyCounters", "Running totals of a residency manager.")
+      .def_ro("admissions", &residency_counters::admissions)
+      .def_ro("admissions_waited", &residency_counters::admissions_waited)
+      .def_ro("waits_for_slot", &residency_counters::waits_for_slot)
+      .def_ro("waits_for_memory", &residency_counters::waits_for_memory)
+      .def_ro("waits_for_host_pages", &residency_counters::waits_for_host_pages)
+      .def_ro("waits_for_reclaim", &residency_counters::waits_for_reclaim)
+      .def_ro("completions", &residency_counters::completions)
+      .def_ro("pages_mapped", &residency_counters::pages_mapped)
+      .def_ro("pages_repopulated", &residency_counters::pages_repopulated)
+      .def_ro("pages_reclaimed", &residency_counters::pages_reclaimed)
+      .def_ro("requests_reclaimed", &residency_counters::requests_reclaimed)
+      .def_ro("repopulate_calls", &residency_counters::repopulate_calls);
+
+  nb::class_<planned_copy>(m, "PlannedCopy", "A host row the last resolve copied into a location.")
+      .def_ro("slot", &planned_copy::slot)
+      .def_ro("row", &planned_copy::row)
+      .def_ro("dst", &planned_copy::dst);
+}
+
+}  // namespace dhisparse::python
+
+NB_MODULE(_core, m) {
+  using namespace dhisparse::python;
+  m.doc() = "dhisparse C++ bindings (use the `dhisparse` package, not this module)";
+#ifdef DHISPARSE_PY_CUDA
+  m.attr("cuda_built") = true;
+#else
+  m.attr("cuda_built") = false;
+#endif
+  bind_errors(m);
+  bind_types(m);
+  bind_host_tiny(m);
+  bind_host_glm53(m);
+  bind_host_deepseek_v41_flash(m);
+#ifdef DHISPARSE_PY_CUDA
+  bind_cuda_tiny(m);
+  bind_cuda_glm53(m);
+  bind_cuda_deepseek_v41_flash(m);
+#endif
+}

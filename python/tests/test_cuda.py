@@ -1,0 +1,243 @@
+"""CUDA backend through the binding (run on a GPU machine: pytest python/tests -m gpu).
+
+The decode loop captures resolve_view and a torch sparse attention over the pool views in a
+torch.cuda.CUDAGraph, replays it for 100 steps with changing selections, and compares with the
+same steps run eagerly on a second hierarchy and with the test's own rows."""
+import numpy as np
+import pytest
+
+import dhisparse
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not dhisparse.CUDA_BUILT, reason="dhisparse built without the CUDA backend"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+]
+
+
+def fp16_rows(gen, layers, count, row_bytes):
+    """Rows whose bytes are fp16 values (so attention over them is finite), as uint8 [L, n, row_bytes]."""
+    vals = torch.randn(layers, count, row_bytes // 2, generator=gen, dtype=torch.float32).to(torch.float16)
+    return vals.view(torch.uint8).contiguous()
+
+
+def attention(pools, loc, q):
+    """Sparse attention over the pool views: keys from payload layer 0, values from layer 1 at the
+    resolved locations; -1 entries are masked. pools: uint8 [rows, row_bytes]; loc [C, k]; q [C, d]."""
+    valid = loc >= 0
+    idx = loc.clamp(min=0).long()
+    keys = pools[0][idx].view(torch.float16).float()    # [C, k, d]
+    vals = pools[1][idx].view(torch.float16).float()
+    scores = torch.einsum("ckd,cd->ck", keys, q.float()).masked_fill(~valid, float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("ck,ckd->cd", p, vals)
+
+
+def model_attention(history, requests, sel, q):
+    """The same attention from the test's own rows (no dhisparse)."""
+    out = []
+    for i, r in enumerate(requests):
+        rows = history[r]  # uint8 [2, n, 64]
+        s = sel[i]
+        keep = s >= 0
+        keys = rows[0][s[keep].long()].view(torch.float16).float()
+        vals = rows[1][s[keep].long()].view(torch.float16).float()
+        p = torch.softmax(keys @ q[i].float(), dim=-1)
+        out.append(p @ vals)
+    return torch.stack(out)
+
+
+def test_decode_loop_in_a_cuda_graph():
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(5)
+    C, K, STEPS, SOURCE = 8, 16, 100, 0  # tiny: top_k 16, source 0 has layers 0 (keys) and 1 (values)
+    cfg = {"max_requests": C, "max_rows": 512}
+    graph_h = dhisparse.Hierarchy("tiny", cfg, backend="cuda")
+    eager_h = dhisparse.Hierarchy("tiny", cfg, backend="cuda")
+    requests = list(range(100, 100 + C))
+    history = {}
+    for r in requests:
+        graph_h.admit(r)
+        eager_h.admit(r)
+        rows = fp16_rows(gen, 2, 40, 64)
+        history[r] = rows
+        graph_h.append(r, SOURCE, rows.to(dev))  # device rows
+        eager_h.append(r, SOURCE, rows)          # host rows, staged by the library
+    pools = [graph_h.pool(SOURCE, layer, like="torch") for layer in (0, 1)]
+    eager_pools = [eager_h.pool(SOURCE, layer, like="torch") for layer in (0, 1)]
+    assert pools[0].device.type == "cuda" and pools[0].shape == (graph_h.pool_rows(), 64)
+
+    slots = torch.tensor([graph_h.slot_of(r) for r in requests], dtype=torch.int32, device=dev)
+    sel = torch.full((C, K), -1, dtype=torch.int32, device=dev)
+    loc = torch.zeros((C, K), dtype=torch.int32, device=dev)
+    count = torch.tensor([C], dtype=torch.int32, device=dev)
+    q = torch.randn(C, 32, generator=gen).to(torch.float16).to(dev)
+    out = torch.zeros((C, 32), device=dev)
+
+    def step():
+        graph_h.resolve_view(SOURCE, slots, sel, loc, count)  # on torch's current (capture) stream
+        out.copy_(attention(pools, loc, q))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sel[:, 0] = 0
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph_h.check_errors()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+
+    eager_loc = torch.zeros_like(loc)
+    eager_h.resolve(SOURCE, requests, sel.clone(), eager_loc)  # mirror the warm-up
+    for t in range(STEPS):
+        # decode writes (eager: the current append is not capturable)
+        for r in requests:
+            new = fp16_rows(gen, 2, 1, 64)
+            history[r] = torch.cat([history[r], new], dim=1)
+            graph_h.append(r, SOURCE, new.to(dev))
+            eager_h.append(r, SOURCE, new.to(dev))
+        n = C if t % 5 else C - 3  # the batch size changes between replays too
+        host_sel = np.full((C, K), -1, dtype=np.int32)
+        for i, r in enumerate(requests):
+            frontier = history[r].shape[1]
+            width = int(rng.integers(1, K + 1))
+            host_sel[i, :width] = rng.choice(frontier, size=width, replace=False)
+        sel.copy_(torch.from_numpy(host_sel))
+        count.fill_(n)
+        loc.fill_(-7)
+        g.replay()
+        eager_loc.fill_(-7)
+        eager_h.resolve(SOURCE, requests[:n], sel[:n], eager_loc[:n])
+        eager_out = attention(eager_pools, eager_loc[:n], q[:n])
+        torch.cuda.synchronize()
+        assert torch.equal(loc[:n], eager_loc[:n]), f"step {t}: graph and eager locations differ"
+        torch.testing.assert_close(out[:n], eager_out, rtol=1e-5, atol=1e-6)  # graph vs eager
+        assert (loc[n:] == -7).all()  # entries past the count are left alone
+        # the rows at the locations are the test's own rows, in both payload layers
+        s_cpu = sel[:n].cpu()
+        l_cpu = loc[:n].cpu()
+        for layer in (0, 1):
+            got = pools[layer][loc[:n].clamp(min=0).long()].cpu()
+            for i, r in enumerate(requests[:n]):
+                keep = s_cpu[i] >= 0
+                assert torch.equal(got[i][keep], history[r][layer][s_cpu[i][keep].long()]), f"step {t} layer {layer}"
+                assert (l_cpu[i][~keep] == -1).all()
+        expected = model_attention(history, requests[:n], s_cpu, q[:n].cpu()).to(dev)
+        torch.testing.assert_close(out[:n], expected, rtol=1e-4, atol=1e-4)
+    graph_h.check_errors()
+    eager_h.check_errors()
+    # the pointer-level call resolves the same batch to the same locations as the array call
+    ptr_loc = torch.full_like(loc, -7)
+    graph_h.resolve_view_ptr(SOURCE, slots.data_ptr(), sel.data_ptr(), ptr_loc.data_ptr(), count.data_ptr(),
+                             stride=K, capacity=C)
+    eager_loc.fill_(-7)
+    eager_h.resolve(SOURCE, requests[:n], sel[:n], eager_loc[:n])
+    graph_h.check_errors()
+    assert torch.equal(ptr_loc[:n], eager_loc[:n])
+    for r in requests:
+        assert graph_h.hot_rows_of(r, SOURCE) == eager_h.hot_rows_of(r, SOURCE)
+
+
+def test_cuda_matches_host_reference():
+    """Same calls on both backends: the same locations and hot-cache state."""
+    rng = np.random.default_rng(9)
+    cfg = {"max_requests": 4, "max_rows": 256, "optional_pages": 4}
+    host = dhisparse.Hierarchy("glm53", cfg)
+    dev = dhisparse.Hierarchy("glm53", cfg, backend="cuda")
+    requests = [1, 2, 3]
+    for r in requests:
+        host.admit(r)
+        dev.admit(r)
+        rows = rng.integers(0, 256, size=(4, 200, 576), dtype=np.uint8)
+        host.append(r, 0, rows)
+        dev.append(r, 0, torch.from_numpy(rows).cuda())
+    host.map_optional_page(2, 0, 1)
+    dev.map_optional_page(2, 0, 1)
+    for step in range(5):
+        sel = np.full((3, 2048), -1, dtype=np.int32)
+        for i in range(3):
+            sel[i, :150] = rng.choice(200, size=150, replace=False)
+        hloc = np.zeros_like(sel)
+        hstats = host.resolve(0, requests, sel, hloc)
+        dloc = torch.zeros(sel.shape, dtype=torch.int32, device="cuda")
+        dev.resolve(0, requests, torch.from_numpy(sel).cuda(), dloc)
+        dev.check_errors()
+        np.testing.assert_array_equal(dloc.cpu().numpy(), hloc)
+        dstats = dev.last_stats(0)
+        assert sum(s.selected for s in dstats) == hstats.selected
+        assert sum(s.host for s in dstats) == hstats.host
+        for r in requests:
+            assert dev.hot_rows_of(r, 0) == host.hot_rows_of(r, 0)
+            assert dev.lru_order_of(r, 0) == host.lru_order_of(r, 0)
+        for layer in range(4):
+            pool = dev.pool(0, layer, like="torch")
+            hpool = np.asarray(host.pool(0, layer, like="numpy"))
+            idx = torch.from_numpy(hloc[hloc >= 0]).long().cuda()
+            assert torch.equal(pool[idx].cpu(), torch.from_numpy(hpool[hloc[hloc >= 0]]))
+
+
+def test_device_errors_are_raised_by_check_errors():
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, backend="cuda")
+    h.admit(1)
+    h.append(1, 1, torch.zeros((1, 10, 32), dtype=torch.uint8, device="cuda"))
+    slots = torch.tensor([h.slot_of(1)], dtype=torch.int32, device="cuda")
+    sel = torch.tensor([[0, 10]], dtype=torch.int32, device="cuda")  # row 10 is beyond the frontier
+    loc = torch.zeros_like(sel)
+    count = torch.ones(1, dtype=torch.int32, device="cuda")
+    h.resolve_view(1, slots, sel, loc, count)
+    with pytest.raises(dhisparse.PositionBeyondFrontier):
+        h.check_errors()
+    with pytest.raises(dhisparse.SelectionTooLong):
+        h.resolve(1, [1], torch.zeros((1, 17), dtype=torch.int32, device="cuda"),
+                  torch.zeros((1, 17), dtype=torch.int32, device="cuda"))
+    with pytest.raises(TypeError):
+        h.resolve(1, [1], sel.cpu(), loc.cpu())  # host arrays on the CUDA backend
+    with pytest.raises(dhisparse.SizeMismatch):
+        h.append(1, 1, torch.zeros(33, dtype=torch.uint8, device="cuda"), count=1)
+
+
+def test_cuda_speculative_round_and_residency():
+    gen = torch.Generator().manual_seed(1)
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64, "max_block": 3}, backend="cuda")
+    h.admit(1)
+    rows = fp16_rows(gen, 1, 20, 32)
+    h.append(1, 1, rows.cuda())
+    block = fp16_rows(gen, 1, 3, 32)
+    h.stage_block(1, 1, block.cuda(), 3)
+    q = torch.full((1, 3, 2), -1, dtype=torch.int32)
+    q[0, 0] = torch.tensor([0, 20])
+    q[0, 1] = torch.tensor([20, 21])
+    q[0, 2] = torch.tensor([22, 5])
+    loc = torch.zeros_like(q).cuda()
+    h.verify(1, [1], q.cuda(), loc)
+    h.check_errors()
+    pool = h.pool(1, 0, like="torch")
+    model = torch.cat([rows, block], dim=1)[0]
+    for j in range(3):
+        for e in range(2):
+            assert torch.equal(pool[loc[0, j, e].long()].cpu(), model[q[0, j, e].long()])
+    h.commit(1, 1, 2)
+    torch.cuda.synchronize()
+    assert h.frontier(1, 1) == 23 and h.host_row(1, 1, 0, 22) == bytes(block[0, 2].numpy())
+
+    m = dhisparse.ResidencyManager("tiny", {"max_requests": 2, "max_rows": 64, "optional_pages": 16},
+                                   {"required_pages": 1}, policy="adaptive-mra", backend="cuda")
+    imports = [fp16_rows(gen, 2, 24, 64).cuda(), fp16_rows(gen, 1, 24, 32).cuda()]
+    a = m.admit(5, imports)
+    assert a and a.mapped_pages > 0
+    m.drain()
+    assert m.audit() == "" and m.invariant_holds() and m.ledger(0).optional == m.optional_pages_of(5, 0)
+    sel = torch.tensor([[0, 9, 17, 23]], dtype=torch.int32, device="cuda")
+    loc = torch.zeros_like(sel)
+    m.hierarchy.resolve(0, [5], sel, loc)
+    m.hierarchy.check_errors()
+    p0 = m.hierarchy.pool(0, 0, like="torch")
+    assert torch.equal(p0[loc[0].long()], imports[0][0][sel[0].long()])
+    m.complete(5)
+    m.drain()
+    assert m.audit() == "" and m.admitted_count == 0
