@@ -7,8 +7,8 @@
 namespace dhisparse {
 
 inline constexpr int version_major = 0;  ///< incompatible API changes
-inline constexpr int version_minor = 1;  ///< added functionality
+inline constexpr int version_minor = 2;  ///< added functionality
 inline constexpr int version_patch = 0;  ///< fixes
-inline constexpr const char* version_string = "0.1.0";  ///< "major.minor.patch"
+inline constexpr const char* version_string = "0.2.0";  ///< "major.minor.patch"
 
 }  // namespace dhisparse

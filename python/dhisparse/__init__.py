@@ -26,7 +26,7 @@ from ._core import (  # noqa: F401  (re-exported)
     VerifyStats,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: One exception class per C++ ``dhisparse::errc`` value, all deriving from DhisparseError.
 ERRORS = {name: getattr(_core, name) for name in _core._error_classes}

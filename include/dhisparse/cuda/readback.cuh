@@ -49,6 +49,8 @@ __global__ void __launch_bounds__(readback_threads)
 
 /// Writes the error record of one source and clears its sticky epoch and overflow, so the next
 /// failing launch is recorded again (`check_errors` clears them the same way). One CTA.
+// A template so that programs of several translation units link (one definition per program).
+template <int = 0>
 __global__ void __launch_bounds__(readback_threads)
     take_errors_kernel(control_block* control, const entry_error* sticky, unsigned capacity, unsigned source,
                        error_record* out) {
@@ -87,7 +89,7 @@ cudaError_t launch_snapshot_stats(const control_block* control, const Stats* sta
 /// Launches take_errors_kernel for one source's workspace.
 inline cudaError_t launch_take_errors(control_block* control, const entry_error* sticky, unsigned capacity,
                                       unsigned source, error_record* out, cudaStream_t stream) {
-  take_errors_kernel<<<1, readback_threads, 0, stream>>>(control, sticky, capacity, source, out);
+  take_errors_kernel<><<<1, readback_threads, 0, stream>>>(control, sticky, capacity, source, out);
   return cudaGetLastError();
 }
 
@@ -96,7 +98,7 @@ inline cudaError_t launch_take_errors(control_block* control, const entry_error*
 template <class... Stats>
 cudaError_t preload_readback_kernels() {
   cudaFuncAttributes a{};
-  cudaError_t e = cudaFuncGetAttributes(&a, take_errors_kernel);
+  cudaError_t e = cudaFuncGetAttributes(&a, take_errors_kernel<>);
   ((e = e == cudaSuccess ? cudaFuncGetAttributes(&a, snapshot_stats_kernel<Stats>) : e), ...);
   return e;
 }

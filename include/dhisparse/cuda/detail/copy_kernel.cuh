@@ -186,6 +186,8 @@ cudaError_t launch_reset_slots(const source_view<OrderIndex>& src, unsigned firs
 // --------------------------------------------------------------------------------------------
 // forget a completed slot's planned copies (its host pages are gone): follower copies skip them
 
+// A template so that programs of several translation units link (one definition per program).
+template <int = 0>
 __global__ void forget_slot_plan_kernel(workspace_view ws, int slot) {
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
   for (unsigned t = blockIdx.x * blockDim.x + threadIdx.x; t < C; t += gridDim.x * blockDim.x)
@@ -193,7 +195,7 @@ __global__ void forget_slot_plan_kernel(workspace_view ws, int slot) {
 }
 
 inline cudaError_t launch_forget_slot_plan(const workspace_view& ws, int slot, cudaStream_t stream) {
-  forget_slot_plan_kernel<<<1, simple_block_threads, 0, stream>>>(ws, slot);
+  forget_slot_plan_kernel<><<<1, simple_block_threads, 0, stream>>>(ws, slot);
   return cudaGetLastError();
 }
 
@@ -223,7 +225,7 @@ cudaError_t preload_hierarchy_kernels() {
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, append_kernel<OrderIndex>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, optional_page_kernel<OrderIndex>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, reset_slots_kernel<OrderIndex>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, forget_slot_plan_kernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, forget_slot_plan_kernel<>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, store_value_kernel<std::uint32_t>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, store_value_kernel<std::int32_t>);
   return e;

@@ -566,6 +566,8 @@ __global__ void __launch_bounds__(verify_copy_threads)
 // --------------------------------------------------------------------------------------------
 // a completed slot's planned copies are dropped (its host pages are gone): follower replays skip them
 
+// A template so that programs of several translation units link (one definition per program).
+template <int = 0>
 __global__ void verify_forget_slot_kernel(verify_workspace_view ws, int slot) {
   const unsigned C = ws.control->last_count < ws.capacity ? ws.control->last_count : ws.capacity;
   for (unsigned t = blockIdx.x * blockDim.x + threadIdx.x; t < C; t += gridDim.x * blockDim.x)
@@ -575,6 +577,8 @@ __global__ void verify_forget_slot_kernel(verify_workspace_view ws, int slot) {
 // --------------------------------------------------------------------------------------------
 // device books of a slot's round: staged rows and the last good verify's K_r
 
+// A template so that programs of several translation units link (one definition per program).
+template <int = 0>
 __global__ void verify_set_round_kernel(verify_workspace_view ws, int slot, std::int32_t staged, std::int32_t verified,
                                         std::int32_t partial) {
   ws.staged[slot] = staged;
@@ -589,7 +593,7 @@ __global__ void verify_set_round_kernel(verify_workspace_view ws, int slot, std:
 /// and the committed positions of its boundary row (changed by commit, append and complete only).
 inline cudaError_t launch_verify_set_round(const verify_workspace_view& ws, int slot, std::int32_t staged,
                                            std::int32_t verified, std::int32_t partial, cudaStream_t stream) {
-  verify_set_round_kernel<<<1, 1, 0, stream>>>(ws, slot, staged, verified, partial);
+  verify_set_round_kernel<><<<1, 1, 0, stream>>>(ws, slot, staged, verified, partial);
   return cudaGetLastError();
 }
 
@@ -654,7 +658,7 @@ cudaError_t launch_verify_commit(const source_view<OrderIndex>& src, unsigned sl
 }
 
 inline cudaError_t launch_verify_forget_slot(const verify_workspace_view& ws, int slot, cudaStream_t stream) {
-  verify_forget_slot_kernel<<<1, verify_copy_threads, 0, stream>>>(ws, slot);
+  verify_forget_slot_kernel<><<<1, verify_copy_threads, 0, stream>>>(ws, slot);
   return cudaGetLastError();
 }
 

@@ -239,6 +239,8 @@ struct page_table_update {
   std::int32_t value = -1;
 };
 
+// A template so that programs of several translation units link (one definition per program).
+template <int = 0>
 __global__ void __launch_bounds__(write_block_threads)
     page_table_update_kernel(const page_table_update* updates, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -272,7 +274,7 @@ cudaError_t launch_batched_commit(const source_view<OrderIndex>& src, const writ
 inline cudaError_t launch_page_table_update(const page_table_update* updates, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const auto grid = static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
-  page_table_update_kernel<<<grid, write_block_threads, 0, stream>>>(updates, n);
+  page_table_update_kernel<><<<grid, write_block_threads, 0, stream>>>(updates, n);
   return cudaGetLastError();
 }
 
@@ -282,7 +284,7 @@ cudaError_t preload_write_kernels() {
   cudaFuncAttributes a{};
   cudaError_t err = cudaFuncGetAttributes(&a, batched_write_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, batched_commit_kernel<OrderIndex>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, page_table_update_kernel);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, page_table_update_kernel<>);
   return err;
 }
 
