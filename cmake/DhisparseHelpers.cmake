@@ -16,6 +16,11 @@ if(DHISPARSE_WARNINGS_AS_ERRORS)
     "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings;-Xcompiler=-Werror>")
 endif()
 
+# Compile times: a launcher records each translation unit's CPU and wall time in
+# <build>/compile-times.tsv; scripts/check-compile-times holds CUDA TUs to a budget (.ci/run).
+option(DHISPARSE_COMPILE_TIMES "Record the compile time of each translation unit of dhisparse's programs" ON)
+set(DHISPARSE_COMPILE_TIMES_LOG "${PROJECT_BINARY_DIR}/compile-times.tsv")
+
 # Sanitizers (DHISPARSE_SANITIZE, e.g. "address,undefined") apply to host programs only;
 # CUDA programs and AddressSanitizer do not mix well.
 add_library(dhisparse_host_sanitize INTERFACE)
@@ -56,6 +61,14 @@ function(dhisparse_add_program name)
     target_link_libraries(${name} PRIVATE dhisparse::dhisparse dhisparse_host_sanitize)
   endif()
   target_link_libraries(${name} PRIVATE dhisparse_dev_flags ${arg_LIBRARIES})
+  if(DHISPARSE_COMPILE_TIMES)
+    # Ahead of any launcher the project already uses (e.g. ccache), which then runs under it.
+    foreach(lang IN ITEMS CXX CUDA)
+      set(launcher "${PROJECT_SOURCE_DIR}/cmake/dhisparse-compile-timer.sh" "${DHISPARSE_COMPILE_TIMES_LOG}"
+                   ${CMAKE_${lang}_COMPILER_LAUNCHER})
+      set_target_properties(${name} PROPERTIES ${lang}_COMPILER_LAUNCHER "${launcher}")
+    endforeach()
+  endif()
 endfunction()
 
 # dhisparse_add_test(<name> SOURCES <src>... [LIBRARIES <target>...] [LABELS <label>...])

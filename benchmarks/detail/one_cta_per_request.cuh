@@ -32,12 +32,12 @@ namespace dhisparse_bench::one_cta {
 constexpr int threads_per_cta = 512;
 
 template <int N>
-constexpr int next_pow2() {
+__host__ __device__ constexpr int next_pow2() {
   int p = 1;
   while (p < N) p *= 2;
   return p;
 }
-constexpr int log2_exact(int n) {
+__host__ __device__ constexpr int log2_exact(int n) {
   int l = 0;
   while ((1 << l) < n) ++l;
   return l;

@@ -10,9 +10,10 @@
 //   Approx(x) and Catch::Approx(x)                                         (both majors)
 //   GENERATE(1, 2, 3), GENERATE(values({...})), GENERATE(range(a, b))       (both majors)
 //   REQUIRE_THROWS_WITH(expr, dhisparse_testing::contains_substring("..."))
+//   INFO, CAPTURE, STATIC_REQUIRE                                           (same in both)
 
 #if !defined(DHISPARSE_CATCH2_MAJOR)
-#  if __has_include(<catch2/catch_all.hpp>)
+#  if __has_include(<catch2/catch_test_macros.hpp>)
 #    define DHISPARSE_CATCH2_MAJOR 3
 #  else
 #    define DHISPARSE_CATCH2_MAJOR 2
@@ -22,7 +23,16 @@
 #include <string>
 
 #if DHISPARSE_CATCH2_MAJOR >= 3
-#  include <catch2/catch_all.hpp>
+// Only the parts the tests use, never <catch2/catch_all.hpp>: that one also pulls in the
+// benchmark, matcher-template and every generator header, and nvcc's front end spent minutes on
+// each CUDA test that included it (g++ 13, Catch2 3.4). Add a header here when a test needs more.
+#  include <catch2/catch_approx.hpp>                      // Catch::Approx
+#  include <catch2/catch_message.hpp>                     // INFO, CAPTURE
+#  include <catch2/catch_template_test_macros.hpp>        // TEMPLATE_TEST_CASE
+#  include <catch2/catch_test_macros.hpp>                 // TEST_CASE, SECTION, REQUIRE..., STATIC_REQUIRE
+#  include <catch2/generators/catch_generators.hpp>       // GENERATE, values
+#  include <catch2/generators/catch_generators_range.hpp> // range
+#  include <catch2/matchers/catch_matchers_string.hpp>    // ContainsSubstring, REQUIRE_THROWS_WITH
 using Catch::Approx;  // v2 spelling `Approx(...)` keeps working
 
 namespace dhisparse_testing {

@@ -4,6 +4,7 @@
 /// locations and the count), carved from one allocation. Use it to capture the resolver in a
 /// CUDA graph: capture `hierarchy::resolve(source, batch.view(), stream)` once, then before each
 /// replay write new slots/selections/lengths/count (kernels of your own, or `upload`).
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -3,6 +3,7 @@
 /// RAII owners of raw CUDA memory: `device_buffer<T>` (cudaMalloc) and `pinned_buffer`
 /// (cudaHostAlloc, mapped and portable, so kernels read it through its device address).
 /// Both are move-only; neither initialises its bytes.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <cstddef>

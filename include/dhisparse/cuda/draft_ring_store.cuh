@@ -18,6 +18,7 @@
 /// wrapping block fails, positions from the write's first one on are dropped). Writes and commits
 /// do not synchronise; a kernel reading rows must be ordered after the write on the same stream (or an
 /// event), and a rewrite of a row must be ordered after the kernels still reading it.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -2,6 +2,7 @@
 /// \file
 /// CUDA runtime errors as dhisparse errors: every failing runtime call made by the CUDA backend
 /// throws `dhisparse::device_error` naming the call, the source line and the CUDA error.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <string>

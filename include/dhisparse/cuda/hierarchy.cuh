@@ -27,6 +27,7 @@
 /// `stage_block`, `verify` and `commit` follow the host reference call for call, with the same pool
 /// geometry (tail ring of T + K_max rows, K_max * top_k staging rows per slot); the kernels are in
 /// detail/verify_kernel.cuh.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -50,6 +50,7 @@
 /// Readers: locations returned by a resolve stay valid until the engine's later step-stream work;
 /// an engine that reads them on another stream must order that stream before the step stream
 /// (cudaStreamWaitEvent) so retirement waits for it too.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -6,6 +6,7 @@
 /// stride` and writes its locations at the same offset of `locations()`. Capture
 /// `hierarchy::verify(source, batch.view(), stream)` once, then before each replay write new
 /// contents (kernels of your own, or `upload`).
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
 #include <algorithm>

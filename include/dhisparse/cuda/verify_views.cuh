@@ -3,6 +3,7 @@
 /// Trivially copyable views of speculative verification on the CUDA backend (docs/speculative.md):
 /// the device descriptor of one verify launch, the per-entry stats it writes and the per-source
 /// verification workspace. The owning `cuda::hierarchy` builds them.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>

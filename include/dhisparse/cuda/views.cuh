@@ -4,6 +4,7 @@
 /// split of cuCollections; FlashInfer's `paged_kv_t`). The owning `cuda::hierarchy` builds them;
 /// engines build a `batch_view` over their own device buffers to launch the resolver from a
 /// CUDA graph.
+#include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cstddef>
 #include <cstdint>
 #include <limits>

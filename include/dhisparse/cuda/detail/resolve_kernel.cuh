@@ -1154,7 +1154,7 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
 
 /// Bytes of the metadata part of the resolver's shared memory (16-byte aligned).
 template <class Traits>
-constexpr std::size_t resolve_storage_bytes() {
+__host__ __device__ constexpr std::size_t resolve_storage_bytes() {
   return (sizeof(typename Traits::shared_storage) + 15) / 16 * 16;
 }
 
