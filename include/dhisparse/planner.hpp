@@ -619,6 +619,9 @@ constexpr cuda_device_terms cuda_device_for(const layout_desc& l, const hierarch
       ws = k.add(ws, k.mul(k.mul(n, kmax), k.mul(top_k, 16)));
       ws = k.add(ws, k.mul(k.mul(2 * n, ceil_div(c.max_rows, 32)), 4));
     }
+    // Error books of batched writes and commits: a 256-byte control block and N 32-byte entry
+    // records each, carved at 256 bytes (cuda::hierarchy::write_state_bytes).
+    ws = k.add(ws, 2 * (256 + align_up(k.mul(n, 32), 256)));
     t.workspace = k.add(t.workspace, ws);
     t.allowance = k.add(t.allowance, k.add(16 * 1024 + 16 * d.payload_layers, k.mul(n, 512 + 32 * kmax)));
   }
@@ -752,10 +755,13 @@ constexpr hierarchy_plan plan_hierarchy(const layout_desc& l, const config_input
   b.cuda_device_allowance = t.allowance;
   b.cuda_device_bytes = t.total();
   b.host_store_bytes = host_store;
-  b.cuda_pinned_bytes = host_store;
   const std::uint64_t n = in.slots, kmax = c.max_block;
-  b.cuda_pinned_allowance = cuda_descriptor_ring_depth *
-                            k.add(64 + 32 * n, kmax > 1 ? k.add(64 + 16 * n, k.mul(24 * n, kmax)) : 0);
+  b.cuda_pinned_bytes = host_store;
+  // Beside the host stores: the descriptor staging rings, and per source the mirror of the device
+  // frontiers the host absorbs after batched writes (an int64 frontier and an int32 partial row per slot).
+  b.cuda_pinned_allowance = k.add(cuda_descriptor_ring_depth *
+                                      k.add(64 + 32 * n, kmax > 1 ? k.add(64 + 16 * n, k.mul(24 * n, kmax)) : 0),
+                                  k.mul(l.sources.size(), k.mul(n, 12)));
   // The host backend keeps the same rows unpadded, its staging arenas inside the location range.
   const bool spec = c.max_block > 1;
   std::uint64_t host_rows = k.add(k.mul(n, k.add(in.hot_rows, tail_ring)), k.mul(c.optional_pages, p));
