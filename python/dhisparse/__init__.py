@@ -95,6 +95,78 @@ def Hierarchy(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], Non
     return cls(cfg)
 
 
+class ManagedHierarchy:
+    """The hierarchy a ResidencyManager owns (``manager.hierarchy``), as C++ hands it out: its
+    read-only accessors and the per-step operations of ``dhisparse::step_handle`` (resolve,
+    follower copies, the speculative round, error checks, pool views). Admission, history
+    import, decode-row appends, page mapping and completion change the manager's books and are
+    the manager's own; asking the hierarchy for one raises AttributeError naming the way to go.
+    Keeps its manager alive."""
+
+    #: Per-step operations (C++ step_handle) and read-only accessors; everything else is refused.
+    ALLOWED = frozenset({
+        # per-step operations
+        "resolve", "resolve_view", "resolve_view_ptr", "_time_resolve_view", "copy_follower",
+        "stage_block", "verify", "commit", "commit_view", "release_staging", "check_errors", "pool",
+        # read-only accessors
+        "layout", "hot_rows", "top_k", "backend", "requirements", "config", "space", "contains",
+        "slot_of", "admitted_count", "frontier", "positions", "last_plan", "last_stats",
+        "last_verify_stats", "block_rows", "staged_rows", "verified_queries", "staging_holder",
+        "free_optional_pages", "free_host_pages", "pool_bytes", "pool_rows", "payload", "host_row",
+        "hot_rows_of", "lru_order_of", "optional_map_of", "device", "stream", "programmatic_launch",
+        "synchronize",
+    })
+
+    __slots__ = ("_inner", "__weakref__")
+
+    def __init__(self, inner):
+        object.__setattr__(self, "_inner", inner)
+
+    def __getattr__(self, name):
+        if name in ManagedHierarchy.ALLOWED:
+            return getattr(self._inner, name)
+        if hasattr(self._inner, name):
+            raise AttributeError(
+                f"ResidencyManager.hierarchy.{name}: the manager's hierarchy is read-only apart from the "
+                f"per-step operations; call the manager's own member instead (admit, append, complete, "
+                f"repopulate), so that its books stay in step")
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ResidencyManager.hierarchy is read-only")
+
+    def __dir__(self):
+        return sorted(n for n in ManagedHierarchy.ALLOWED if hasattr(self._inner, n))
+
+    def __repr__(self):
+        return f"ManagedHierarchy({self._inner!r})"
+
+
+def _install_managed_hierarchy():
+    for name in dir(_core):
+        if "ResidencyManager_" in name:
+            cls = getattr(_core, name)
+            cls.hierarchy = property(lambda self: ManagedHierarchy(self._hierarchy),
+                                     doc=ManagedHierarchy.__doc__.split("\n")[0])
+
+
+_install_managed_hierarchy()
+
+
+def layer_pointers(buffers, device=None):
+    """The int64 device array of row-buffer pointers that ``append_view`` takes (``layer_rows``):
+    one torch CUDA tensor per payload layer of the source, in layer order. Build it once, outside
+    a CUDA graph, and keep the buffers alive while a graph that uses it may replay."""
+    import torch
+
+    buffers = list(buffers)
+    for b in buffers:
+        if not (isinstance(b, torch.Tensor) and b.is_cuda and b.is_contiguous()):
+            raise TypeError("layer_pointers: expected contiguous torch CUDA tensors")
+    return torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64,
+                        device=device if device is not None else buffers[0].device)
+
+
 def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None,
                      residency: Union[ResidencyConfig, Mapping[str, Any], None] = None, *,
                      policy: str = "adaptive-mra", backend: str = "host", stream: Optional[int] = None):
@@ -112,7 +184,7 @@ def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, An
 
 
 __all__ = [
-    "Hierarchy", "ResidencyManager", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
+    "Hierarchy", "ResidencyManager", "ManagedHierarchy", "layer_pointers", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
     "Admission", "ResidencyAdmission", "ResidencyLedger", "ResidencyCounters", "ResolveStats",
     "VerifyStats", "PlannedCopy", "DhisparseError", "ERRORS", "LAYOUTS", "POLICIES", "CUDA_BUILT",
     *ERRORS,

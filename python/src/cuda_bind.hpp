@@ -43,6 +43,23 @@ bool rows_on_device(const Array& rows) {
   return false;
 }
 
+/// A rows argument ([payload layer][count][row_bytes] uint8, CUDA or CPU) of source `source` of
+/// layout L: the array, where it lives, its bytes and its rows (`count` given, or from the size).
+struct rows_arg {
+  in_array rows;
+  bool on_device = false;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+};
+template <class L>
+rows_arg import_rows_arg(nb::handle obj, std::size_t source, std::optional<std::size_t> count) {
+  rows_arg a{import_array<in_array>(obj, "rows")};
+  a.on_device = rows_on_device(a.rows);
+  a.bytes = elements(a.rows);
+  a.count = source < std::size(L::sources) ? rows_count(a.bytes, count, L::sources[source]) : 0;
+  return a;
+}
+
 template <class Array>
 void check_count_array(const Array& a) {
   if (a.dtype() != nb::dtype<std::int32_t>() && a.dtype() != nb::dtype<std::uint32_t>())
@@ -82,14 +99,77 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "append",
           [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
-            const in_array rows = import_array<in_array>(rows_obj, "rows");
-            const bool dev = rows_on_device(rows);
-            const std::size_t bytes = elements(rows);
-            const std::size_t n = source < std::size(L::sources) ? rows_count(bytes, count, L::sources[source]) : 0;
-            h.append(id, source, rows.data(), bytes, n, dev, default_stream(s));
+            const auto r = import_rows_arg<L>(rows_obj, source, count);
+            h.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           nb::arg("stream") = nb::none())
+      .def(
+          "reserve_rows",
+          [](Ops& h, request_id id, std::size_t source, std::size_t rows_ahead, opt_stream s) {
+            h.reserve_rows(id, source, rows_ahead, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows_ahead"), nb::arg("stream") = nb::none())
+      .def(
+          "reserve_ahead", [](Ops& h, std::size_t rows_ahead, opt_stream s) { h.reserve_ahead(rows_ahead, default_stream(s)); },
+          nb::arg("rows_ahead"), nb::arg("stream") = nb::none(),
+          "Host pages for the next rows_ahead rows of every request and source (outside a graph).")
+      .def("reserved_rows", &Ops::reserved_rows, nb::arg("request"), nb::arg("source"))
+      .def(
+          "sync_books", [](Ops& h, opt_stream s) { h.sync_books(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "Brings the host books up to the device's batched writes and commits (synchronises the stream; "
+          "call between replays before reading the books; not capturable).")
+      .def(
+          "append_view",
+          [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj,
+             std::optional<nb::handle> first_obj, std::uint64_t row_stride, std::uint32_t max_rows, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array rows = import_array<in_array>(rows_obj, "rows");
+            const in_array layers = import_array<in_array>(layers_obj, "layer_rows");
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            check_array<std::int32_t>(rows, "rows", where::cuda);
+            check_array<std::int64_t>(layers, "layer_rows", where::cuda);
+            const std::size_t cap = elements(slots);
+            if (elements(rows) != cap) throw size_mismatch("append_view: rows must hold one count per slot");
+            if (source < std::size(L::sources) && elements(layers) != L::sources[source].payload_layers)
+              throw size_mismatch("append_view: layer_rows must hold one device pointer per payload layer of source " +
+                                  std::to_string(source) + " (" +
+                                  std::to_string(L::sources[source].payload_layers) + "), got " + shape_of(layers));
+            const std::int32_t* first = nullptr;
+            std::optional<in_array> first_arr;
+            if (first_obj) {
+              first_arr = import_array<in_array>(*first_obj, "first");
+              check_array<std::int32_t>(*first_arr, "first", where::cuda);
+              if (elements(*first_arr) != cap) throw size_mismatch("append_view: first must hold one row per slot");
+              first = static_cast<const std::int32_t*>(first_arr->data());
+            }
+            h.append_view(source, static_cast<const std::int32_t*>(slots.data()),
+                          static_cast<const std::int32_t*>(rows.data()), first,
+                          static_cast<const void* const*>(layers.data()), row_stride, max_rows,
+                          static_cast<std::uint32_t>(cap), default_stream(s));
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
+          nb::arg("row_stride") = 0, nb::arg("max_rows") = 1, nb::arg("stream") = nb::none(),
+          "One step's KV writes on a source, read on the device (C++ cuda::kv_write_view): slots and rows "
+          "int32 [capacity] (slot_of, -1 = padding; new rows per entry), layer_rows int64 [payload layers] "
+          "of device row-buffer pointers (dhisparse.layer_pointers), first int32 [capacity] or None "
+          "(entry e at row e * max_rows). Within reserve_rows; capturable. Errors: check_errors.")
+      .def(
+          "commit_view",
+          [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle accepted_obj, opt_stream s) {
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array accepted = import_array<in_array>(accepted_obj, "accepted");
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            check_array<std::int32_t>(accepted, "accepted", where::cuda);
+            if (elements(accepted) != elements(slots))
+              throw size_mismatch("commit_view: accepted must hold one count per slot");
+            h.commit_view(source, static_cast<const std::int32_t*>(slots.data()),
+                          static_cast<const std::int32_t*>(accepted.data()),
+                          static_cast<std::uint32_t>(elements(slots)), default_stream(s));
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("accepted"), nb::arg("stream") = nb::none(),
+          "Commits a speculative round's accepted counts, read on the device (C++ cuda::commit_view): "
+          "slots and accepted int32 [capacity]; capturable. Errors: check_errors.")
       .def(
           "resolve",
           [](Ops& h, std::size_t source, nb::handle requests, nb::handle sel_obj, nb::handle loc_obj,
@@ -283,7 +363,8 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
            nb::arg("residency"), nb::arg("stream") = 0)
       .def_prop_ro_static("policy", [pol](nb::handle) { return pol; })
       .def_prop_ro_static("backend", [](nb::handle) { return "cuda"; })
-      .def_prop_ro("hierarchy", &M::hierarchy, nb::rv_policy::reference_internal)
+      // Wrapped by the package in ManagedHierarchy (read-only accessors and per-step operations).
+      .def_prop_ro("_hierarchy", &M::hierarchy, nb::rv_policy::reference_internal)
       .def_prop_ro("step_stream", &M::step_stream)
       .def_prop_ro("copy_stream", &M::copy_stream)
       .def_prop_ro("residency_config", &M::config)
@@ -316,13 +397,22 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
       .def(
           "append",
           [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count) {
-            const in_array rows = import_array<in_array>(rows_obj, "rows");
-            const bool dev = rows_on_device(rows);
-            const std::size_t bytes = elements(rows);
-            mgr.append(id, source, rows.data(), bytes,
-                       source < std::size(L::sources) ? rows_count(bytes, count, L::sources[source]) : 0, dev);
+            const auto r = import_rows_arg<L>(rows_obj, source, count);
+            mgr.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device);
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def(
+          "import_history",
+          [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
+             opt_stream s) {
+            const auto r = import_rows_arg<L>(rows_obj, source, count);
+            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
+          nb::arg("stream") = nb::none(),
+          "Streamed admission: the next rows of an admitted request's history on one source "
+          "([payload layer][rows][row_bytes] uint8; a CUDA array is read in `stream`'s order, by default "
+          "torch's current stream, where its producer wrote it); returns the pages mapped.")
       .def("complete", &M::complete, nb::arg("request"))
       .def("repopulate", &M::repopulate)
       .def("back_up", &M::back_up, nb::arg("max_pages"))

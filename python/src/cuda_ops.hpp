@@ -62,6 +62,18 @@ class cuda_hierarchy_ops {
   void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device,
               stream_handle s);
 
+  void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead, stream_handle s);
+  void reserve_ahead(std::size_t rows_ahead, stream_handle s);
+  std::int64_t reserved_rows(request_id id, std::size_t source) const;
+  void sync_books(stream_handle s);
+  /// One step's KV writes on a source over device buffers (cuda::kv_write_view): capturable.
+  void append_view(std::size_t source, const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                   const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t max_rows,
+                   std::uint32_t capacity, stream_handle s);
+  /// A speculative round's accepted counts on a source over device buffers (cuda::commit_view): capturable.
+  void commit_view(std::size_t source, const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
+                   stream_handle s);
+
   /// Eager batched resolve (not capturable): entry i reads sel + i*k and writes loc + i*k.
   void resolve(std::size_t source, const request_id* ids, std::size_t c, const std::int32_t* sel, std::int32_t* loc,
                std::size_t k, stream_handle s, copy_layers mode);
@@ -145,6 +157,9 @@ class cuda_manager_ops {
   residency_admission admit(request_id id, const std::vector<import_rows>& history, bool on_device);
   void withdraw(request_id id);
   void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device);
+  /// Streamed admission; device rows are ready in `s`'s order (host rows are staged by the library).
+  std::size_t import_history(request_id id, std::size_t source, const void* rows, std::size_t bytes,
+                             std::size_t count, bool on_device, stream_handle s);
   void complete(request_id id);
   std::size_t repopulate();
   std::size_t back_up(std::size_t max_pages);
@@ -153,6 +168,9 @@ class cuda_manager_ops {
   std::string audit() const;
 
  private:
+  /// Device rows of append/import_history: the request exists and the buffer holds `count` rows.
+  void check_device_rows(const char* call, request_id id, std::size_t source, std::size_t bytes,
+                         std::size_t count) const;
   struct impl;
   std::unique_ptr<impl> p_;
   std::unique_ptr<cuda_hierarchy_ops<Layout, B>> view_;

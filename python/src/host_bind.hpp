@@ -154,6 +154,33 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
             h.append(id, source, bytes, rows_count(bytes.size(), count, L::sources[source]));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def("reserve_rows", &H::reserve_rows, nb::arg("request"), nb::arg("source"), nb::arg("rows_ahead"))
+      .def("reserve_ahead", &H::reserve_ahead, nb::arg("rows_ahead"))
+      .def("reserved_rows", &H::reserved_rows, nb::arg("request"), nb::arg("source"))
+      .def(
+          "append_batch",
+          [](H& h, std::size_t source, nb::handle requests, const in_array& rows) {
+            // rows: [C][payload layer][n][row_bytes]; request i writes n rows (one step's writes).
+            const request_list ids = as_requests(requests);
+            check_array<std::uint8_t>(rows, "rows", where::cpu);
+            if (rows.ndim() != 4 || rows.shape(0) != ids.size())
+              throw size_mismatch("append_batch: rows must be [requests=" + std::to_string(ids.size()) +
+                                  "][payload layers][rows][row_bytes], got " + shape_of(rows));
+            if (source < H::sources && (rows.shape(1) != L::sources[source].payload_layers ||
+                                        rows.shape(3) != L::sources[source].row_bytes))
+              throw size_mismatch("append_batch: rows of source " + std::to_string(source) + " must be [requests][" +
+                                  std::to_string(L::sources[source].payload_layers) + "][rows][" +
+                                  std::to_string(L::sources[source].row_bytes) + "], got " + shape_of(rows));
+            const std::size_t per = ids.empty() ? 0 : elements(rows) / ids.size();
+            const std::size_t n = rows.shape(2);
+            const auto* base = static_cast<const std::byte*>(rows.data());
+            std::vector<write_item> items(ids.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) items[i] = {ids[i], {base + i * per, per}, n};
+            h.append(source, std::span<const write_item>(items));
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("rows"),
+          "One step's KV writes on a source (C++ append(source, span<write_item>)): rows is uint8 "
+          "[requests][payload layers][n][row_bytes], n new rows each, within reserve_rows; all or nothing.")
       .def(
           "resolve",
           [](H& h, std::size_t source, nb::handle requests, const in_array& sel, const out_array& loc, copy_layers mode) {
@@ -203,7 +230,29 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("queries"), nb::arg("locations"),
           nb::arg("query_counts") = nb::none(), nb::arg("mode") = copy_layers::all)
-      .def("commit", &H::commit, nb::arg("request"), nb::arg("source"), nb::arg("accepted"))
+      .def("commit", nb::overload_cast<request_id, std::size_t, std::size_t>(&H::commit), nb::arg("request"),
+           nb::arg("source"), nb::arg("accepted"))
+      .def(
+          "commit_batch",
+          [](H& h, std::size_t source, nb::handle requests, const in_array& accepted) {
+            const request_list ids = as_requests(requests);
+            check_array<std::int32_t>(accepted, "accepted", where::cpu);
+            if (elements(accepted) != ids.size())
+              throw size_mismatch("commit_batch: accepted must hold one count per request (" +
+                                  std::to_string(ids.size()) + "), got " + shape_of(accepted));
+            const auto* a = static_cast<const std::int32_t*>(accepted.data());
+            std::vector<commit_item> items(ids.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+              if (a[i] < 0)
+                throw acceptance_beyond_block("commit_batch: request " + std::to_string(ids[i]) + " accepted " +
+                                              std::to_string(a[i]) + " proposals");
+              items[i] = {ids[i], static_cast<std::size_t>(a[i])};
+            }
+            h.commit(source, std::span<const commit_item>(items));
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("accepted"),
+          "Commits the verified rounds of a batch (C++ commit(source, span<commit_item>)): accepted is "
+          "int32 [requests]; all or nothing.")
       .def("block_rows", &H::block_rows, nb::arg("request"), nb::arg("source"), nb::arg("count"))
       .def("staged_rows", &H::staged_rows, nb::arg("request"), nb::arg("source"))
       .def("verified_queries", &H::verified_queries, nb::arg("request"), nb::arg("source"))
@@ -255,7 +304,11 @@ void bind_host_manager(nb::module_& m, const char* name) {
       .def(nb::init<const hierarchy_config&, const residency_config&>(), nb::arg("config"), nb::arg("residency"))
       .def_prop_ro_static("policy", [](nb::handle) { return std::string(M::policy::name); })
       .def_prop_ro_static("backend", [](nb::handle) { return "host"; })
-      .def_prop_ro("hierarchy", nb::overload_cast<>(&M::hierarchy), nb::rv_policy::reference_internal)
+      // The owned hierarchy; Python has no const, so the package wraps it (ManagedHierarchy in
+      // dhisparse/__init__.py) in the read-only accessors and per-step operations of step_handle.
+      .def_prop_ro(
+          "_hierarchy", [](M& mgr) -> H& { return const_cast<H&>(mgr.hierarchy()); },
+          nb::rv_policy::reference_internal)
       .def_prop_ro("residency_config", &M::config)
       .def_prop_ro("counters", &M::counters)
       .def_prop_ro("capacity_pages", &M::capacity_pages)
@@ -292,6 +345,17 @@ void bind_host_manager(nb::module_& m, const char* name) {
             mgr.append(id, source, bytes, source < H::sources ? rows_count(bytes.size(), count, L::sources[source]) : 0);
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def(
+          "import_history",
+          [](M& mgr, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {
+            check_array<std::uint8_t>(rows, "rows", where::cpu);
+            const std::span<const std::byte> bytes(static_cast<const std::byte*>(rows.data()), elements(rows));
+            return mgr.import_history(id, source, bytes,
+                                      source < H::sources ? rows_count(bytes.size(), count, L::sources[source]) : 0);
+          },
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
+          "Streamed admission: the next rows of an admitted request's history on one source, uint8 "
+          "[payload layer][rows][row_bytes] as a prefill chunk delivers them; returns the pages mapped.")
       .def("complete", &M::complete, nb::arg("request"))
       .def("repopulate", &M::repopulate)
       .def("audit", &M::audit);

@@ -96,6 +96,33 @@ DHISPARSE_PY_OPS append(request_id id, std::size_t source, const void* rows, std
   }
   p_->h->append(id, source, r, count, as_stream(s));
 }
+DHISPARSE_PY_OPS reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead, stream_handle s) -> void {
+  p_->h->reserve_rows(id, source, rows_ahead, as_stream(s));
+}
+DHISPARSE_PY_OPS reserve_ahead(std::size_t rows_ahead, stream_handle s) -> void {
+  p_->h->reserve_ahead(rows_ahead, as_stream(s));
+}
+DHISPARSE_PY_OPS reserved_rows(request_id id, std::size_t source) const -> std::int64_t {
+  return p_->h->reserved_rows(id, source);
+}
+DHISPARSE_PY_OPS sync_books(stream_handle s) -> void { p_->h->sync_books(as_stream(s)); }
+DHISPARSE_PY_OPS append_view(std::size_t source, const std::int32_t* slots, const std::int32_t* rows,
+                             const std::int32_t* first, const void* const* layer_rows, std::uint64_t row_stride,
+                             std::uint32_t max_rows, std::uint32_t capacity, stream_handle s) -> void {
+  cuda::kv_write_view v;
+  v.slots = slots;
+  v.rows = rows;
+  v.first = first;
+  v.layer_rows = reinterpret_cast<const std::byte* const*>(layer_rows);
+  v.row_stride = row_stride;
+  v.max_rows = max_rows;
+  v.capacity = capacity;
+  p_->h->append(source, v, as_stream(s));
+}
+DHISPARSE_PY_OPS commit_view(std::size_t source, const std::int32_t* slots, const std::int32_t* accepted,
+                             std::uint32_t capacity, stream_handle s) -> void {
+  p_->h->commit(source, cuda::commit_view{slots, accepted, capacity}, as_stream(s));
+}
 DHISPARSE_PY_OPS resolve(std::size_t source, const request_id* ids, std::size_t c, const std::int32_t* sel,
                          std::int32_t* loc, std::size_t k, stream_handle s, copy_layers mode) -> void {
   std::vector<cuda::batch_item> items(c);
@@ -229,7 +256,10 @@ template <class Layout, std::size_t B, class Policy>
 cuda_manager_ops<Layout, B, Policy>::cuda_manager_ops(const hierarchy_config& cfg, const residency_config& rcfg,
                                                       stream_handle step_stream)
     : p_(std::make_unique<impl>(cfg, rcfg, step_stream)),
-      view_(std::make_unique<cuda_hierarchy_ops<Layout, B>>(cuda_hierarchy_ops<Layout, B>::view_of(&p_->m.hierarchy()))) {}
+      view_(std::make_unique<cuda_hierarchy_ops<Layout, B>>(cuda_hierarchy_ops<Layout, B>::view_of(
+          // The manager hands out its hierarchy read-only; the Python package's ManagedHierarchy
+          // exposes only the read-only accessors and per-step operations of step_handle.
+          const_cast<void*>(static_cast<const void*>(&p_->m.hierarchy()))))) {}
 template <class Layout, std::size_t B, class Policy>
 cuda_manager_ops<Layout, B, Policy>::cuda_manager_ops(cuda_manager_ops&&) noexcept = default;
 template <class Layout, std::size_t B, class Policy>
@@ -278,16 +308,26 @@ DHISPARSE_PY_MGR admit(request_id id, const std::vector<import_rows>& history, b
   return p_->m.admit(id, std::span<const history_import>(imports));
 }
 DHISPARSE_PY_MGR withdraw(request_id id) -> void { p_->m.withdraw(id); }
+DHISPARSE_PY_MGR check_device_rows(const char* call, request_id id, std::size_t source, std::size_t bytes,
+                                   std::size_t count) const -> void {
+  if (source >= source_count<Layout>) return;  // invalid_source from the library
+  const auto& d = Layout::sources[source];
+  (void)p_->m.imported_rows(id, source);  // unknown_request first
+  check_rows(call, id, source, bytes, count, d.payload_layers, d.row_bytes);
+}
 DHISPARSE_PY_MGR append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count,
                         bool on_device) -> void {
   const auto* r = static_cast<const std::byte*>(rows);
   if (!on_device) return p_->m.append(id, source, std::span<const std::byte>(r, bytes), count);
-  if (source < source_count<Layout>) {
-    const auto& d = Layout::sources[source];
-    (void)p_->m.imported_rows(id, source);  // unknown_request first
-    check_rows("append", id, source, bytes, count, d.payload_layers, d.row_bytes);
-  }
+  check_device_rows("append", id, source, bytes, count);
   p_->m.append(id, source, r, count);
+}
+DHISPARSE_PY_MGR import_history(request_id id, std::size_t source, const void* rows, std::size_t bytes,
+                                std::size_t count, bool on_device, stream_handle s) -> std::size_t {
+  const auto* r = static_cast<const std::byte*>(rows);
+  if (!on_device) return p_->m.import_history(id, source, std::span<const std::byte>(r, bytes), count);
+  check_device_rows("import_history", id, source, bytes, count);
+  return p_->m.import_history(id, source, r, count, as_stream(s));
 }
 DHISPARSE_PY_MGR complete(request_id id) -> void { p_->m.complete(id); }
 DHISPARSE_PY_MGR repopulate() -> std::size_t { return p_->m.repopulate(); }

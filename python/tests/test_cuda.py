@@ -1,7 +1,7 @@
 """CUDA backend through the binding (run on a GPU machine: pytest python/tests -m gpu).
 
-The decode loop captures resolve_view and a torch sparse attention over the pool views in a
-torch.cuda.CUDAGraph, replays it for 100 steps with changing selections, and compares with the
+The decode loop captures the step's KV writes (append_view), resolve_view and a torch sparse
+attention over the pool views in a torch.cuda.CUDAGraph, replays it for 100 steps with changing selections, and compares with the
 same steps run eagerly on a second hierarchy and with the test's own rows."""
 import numpy as np
 import pytest
@@ -77,10 +77,29 @@ def test_decode_loop_in_a_cuda_graph():
     q = torch.randn(C, 32, generator=gen).to(torch.float16).to(dev)
     out = torch.zeros((C, 32), device=dev)
 
+    # The step's new KV rows, as the engine's KV-producing kernel leaves them: one buffer per
+    # payload layer, token i of the step at row i.
+    step_rows = [torch.zeros((C, 64), dtype=torch.uint8, device=dev) for _ in (0, 1)]
+    layer_ptrs = dhisparse.layer_pointers(step_rows)
+    ones = torch.ones(C, dtype=torch.int32, device=dev)
+
+    def new_token():
+        """The next token's rows: into the step buffers (graph), per request (eager), and the model."""
+        new = {r: fp16_rows(gen, 2, 1, 64) for r in requests}
+        for layer in (0, 1):
+            step_rows[layer].copy_(torch.stack([new[r][layer, 0] for r in requests]).to(dev))
+        for r in requests:
+            history[r] = torch.cat([history[r], new[r]], dim=1)
+            eager_h.append(r, SOURCE, new[r].to(dev))
+        graph_h.reserve_ahead(1)  # host pages for the write, outside the graph
+
     def step():
-        graph_h.resolve_view(SOURCE, slots, sel, loc, count)  # on torch's current (capture) stream
+        # on torch's current (capture) stream: write, resolve, attend
+        graph_h.append_view(SOURCE, slots, ones, layer_ptrs)
+        graph_h.resolve_view(SOURCE, slots, sel, loc, count)
         out.copy_(attention(pools, loc, q))
 
+    new_token()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -95,12 +114,7 @@ def test_decode_loop_in_a_cuda_graph():
     eager_loc = torch.zeros_like(loc)
     eager_h.resolve(SOURCE, requests, sel.clone(), eager_loc)  # mirror the warm-up
     for t in range(STEPS):
-        # decode writes (eager: the current append is not capturable)
-        for r in requests:
-            new = fp16_rows(gen, 2, 1, 64)
-            history[r] = torch.cat([history[r], new], dim=1)
-            graph_h.append(r, SOURCE, new.to(dev))
-            eager_h.append(r, SOURCE, new.to(dev))
+        new_token()  # the graph writes it (append_view), the eager twin per request
         n = C if t % 5 else C - 3  # the batch size changes between replays too
         host_sel = np.full((C, K), -1, dtype=np.int32)
         for i, r in enumerate(requests):
@@ -127,6 +141,10 @@ def test_decode_loop_in_a_cuda_graph():
                 keep = s_cpu[i] >= 0
                 assert torch.equal(got[i][keep], history[r][layer][s_cpu[i][keep].long()]), f"step {t} layer {layer}"
                 assert (l_cpu[i][~keep] == -1).all()
+        if t % 10 == 0:
+            graph_h.sync_books()
+            assert all(graph_h.frontier(r, SOURCE) == eager_h.frontier(r, SOURCE) == history[r].shape[1]
+                       for r in requests)
         expected = model_attention(history, requests[:n], s_cpu, q[:n].cpu()).to(dev)
         torch.testing.assert_close(out[:n], expected, rtol=1e-4, atol=1e-4)
     graph_h.check_errors()
@@ -224,6 +242,18 @@ def test_cuda_speculative_round_and_residency():
     h.commit(1, 1, 2)
     torch.cuda.synchronize()
     assert h.frontier(1, 1) == 23 and h.host_row(1, 1, 0, 22) == bytes(block[0, 2].numpy())
+    # a second round committed from device buffers (capturable: commit_view)
+    block2 = fp16_rows(gen, 1, 3, 32)
+    h.stage_block(1, 1, block2.cuda(), 3)
+    q2 = torch.full((1, 3, 2), -1, dtype=torch.int32, device="cuda")
+    q2[0, :, 0] = torch.tensor([23, 24, 25])
+    h.verify(1, [1], q2, torch.zeros_like(q2))
+    h.reserve_ahead(3)
+    h.commit_view(1, torch.tensor([h.slot_of(1)], dtype=torch.int32, device="cuda"),
+                  torch.tensor([1], dtype=torch.int32, device="cuda"))
+    h.check_errors()
+    h.sync_books()
+    assert h.frontier(1, 1) == 25 and h.host_row(1, 1, 0, 24) == bytes(block2[0, 1].numpy())
 
     m = dhisparse.ResidencyManager("tiny", {"max_requests": 2, "max_rows": 64, "optional_pages": 16},
                                    {"required_pages": 1}, policy="adaptive-mra", backend="cuda")
@@ -238,6 +268,22 @@ def test_cuda_speculative_round_and_residency():
     m.hierarchy.check_errors()
     p0 = m.hierarchy.pool(0, 0, like="torch")
     assert torch.equal(p0[loc[0].long()], imports[0][0][sel[0].long()])
+    # streamed admission: admitted first, the prefill imported in chunks from device memory
+    assert m.admit(6)
+    streamed = fp16_rows(gen, 2, 40, 64).cuda()
+    mapped = sum(m.import_history(6, 0, streamed[:, a:b].contiguous()) for a, b in ((0, 13), (13, 29), (29, 40)))
+    m.drain()
+    assert mapped == m.optional_pages_of(6, 0) > 0 and m.imported_rows(6, 0) == 40 and m.audit() == ""
+    sel = torch.tensor([[0, 12, 13, 28, 39]], dtype=torch.int32, device="cuda")
+    loc = torch.zeros_like(sel)
+    m.hierarchy.resolve(0, [6], sel, loc)
+    m.hierarchy.check_errors()
+    for layer in (0, 1):
+        pool = m.hierarchy.pool(0, layer, like="torch")
+        assert torch.equal(pool[loc[0].long()], streamed[layer][sel[0].long()])
+    with pytest.raises(AttributeError, match="manager's own member"):
+        m.hierarchy.admit(9)
     m.complete(5)
+    m.complete(6)
     m.drain()
     assert m.audit() == "" and m.admitted_count == 0

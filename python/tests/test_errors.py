@@ -39,7 +39,7 @@ def resolve(h, sel, requests=(1,), source=0):
 
 def test_class_hierarchy():
     assert issubclass(dhisparse.DhisparseError, RuntimeError)
-    assert len(dhisparse.ERRORS) == 24
+    assert len(dhisparse.ERRORS) == 25
     for name, cls in dhisparse.ERRORS.items():
         assert issubclass(cls, dhisparse.DhisparseError)
         assert cls.__name__ == name and cls.__module__ == "dhisparse"
@@ -105,6 +105,10 @@ def test_residency_errors():
     expect(dhisparse.InvalidSource, lambda: m.ledger(2))
     expect(dhisparse.InvalidConfiguration, lambda: dhisparse.ResidencyManager(
         "tiny", {"max_rows": 64, "optional_pages": 2}, {"required_pages": 3}))
+    m.append(1, 0, np.zeros((2, 1, 64), np.uint8))
+    expect(dhisparse.ImportAfterDecode, lambda: m.import_history(1, 0, np.zeros((2, 4, 64), np.uint8)),
+           "has decode rows on source 0")
+    assert m.imported_rows(1, 0) == 0
     assert not m.contains(2) and m.audit() == ""
 
 
