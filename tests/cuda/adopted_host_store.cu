@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include "cuda_test_support.cuh"
+#include "dhisparse/cuda/residency_manager.cuh"
 
 namespace {
 
@@ -224,4 +225,56 @@ TEST_CASE("memory registered with cudaHostRegister can be adopted", "[gpu][adopt
     DHTEST_CUDA(cudaHostUnregister(raw[s]));
     munmap(raw[s], model_bytes(c, s));
   }
+}
+
+TEST_CASE("a residency manager adopts the engine's pinned host stores", "[gpu][adopt][residency]") {
+  require_device();
+  auto c = make_cfg();
+  c.optional_pages = 12;
+  dhc::pinned_buffer a(model_bytes(c, 0)), b(model_bytes(c, 1));
+  const std::array<std::span<std::byte>, 2> stores{a.span(), b.span()};
+  cudaStream_t stream{};
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    dh::residency_config rc_cfg;
+    rc_cfg.required_pages = 1;
+    dhc::residency_manager<DH, dh::adaptive_policy<>> m(c, rc_cfg, stores, stream);
+    const std::size_t s = 0, rows = 3 * p + 5;
+    const auto& d = Layout::sources[s];
+    const request_id id = 3;
+    const auto buf = make_rows<Layout>(id, s, 0, rows);  // pageable: staged by the library
+    REQUIRE(m.admit(id));
+    CHECK(m.import_history(id, s, std::span<const std::byte>(buf), rows) == 3);
+    m.drain();
+    REQUIRE(m.audit().empty());
+    // Every row is in the caller's bytes at the layout's offsets (a fresh store: pages 0, 1, ...).
+    std::vector<std::byte> want(d.row_bytes);
+    for (std::size_t row = 0; row < rows; ++row)
+      for (std::size_t l = 0; l < d.payload_layers; ++l) {
+        fill_row(want.data(), d.row_bytes, id, s, l, static_cast<row_index>(row));
+        const std::size_t at = (row / p) * page_bytes(s) + (l * p + row % p) * d.row_bytes;
+        INFO("row " << row << " layer " << l);
+        REQUIRE(std::memcmp(stores[s].data() + at, want.data(), d.row_bytes) == 0);
+      }
+    // A resolve through the manager's step returns exactly those rows.
+    const std::vector<row_index> sel{0, static_cast<row_index>(p), static_cast<row_index>(rows - 1)};
+    dhc::device_buffer<row_index> dsel(sel.size());
+    dhc::device_buffer<location> dloc(sel.size());
+    DHTEST_CUDA(cudaMemcpy(dsel.data(), sel.data(), sel.size() * sizeof(row_index), cudaMemcpyHostToDevice));
+    const std::array<DH::batch_item, 1> item{{{id, dsel.data(), static_cast<std::int32_t>(sel.size()), dloc.data()}}};
+    m.step().resolve_sync(s, std::span<const DH::batch_item>(item), stream);
+    std::vector<location> loc(sel.size());
+    DHTEST_CUDA(cudaMemcpy(loc.data(), dloc.data(), loc.size() * sizeof(location), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < sel.size(); ++i)
+      for (std::size_t l = 0; l < d.payload_layers; ++l) {
+        fill_row(want.data(), d.row_bytes, id, s, l, sel[i]);
+        REQUIRE(m.hierarchy().payload_row(s, l, loc[i]) == want);
+      }
+    m.complete(id);
+    m.drain();
+    // Bad stores are refused as by the hierarchy.
+    const std::array<std::span<std::byte>, 1> one{a.span()};
+    CHECK_THROWS_AS((dhc::residency_manager<DH, dh::adaptive_policy<>>(c, rc_cfg, one, stream)), dh::size_mismatch);
+  }
+  cudaStreamDestroy(stream);
 }

@@ -6,6 +6,7 @@
 #include "../support/catch.hpp"
 
 #include <dhisparse/host/hierarchy.hpp>
+#include <dhisparse/host/residency_manager.hpp>
 #include <dhisparse/layouts/tiny.hpp>
 
 #include <algorithm>
@@ -220,4 +221,40 @@ TEST_CASE("an adopted store resolves like an owned one and keeps the documented 
         REQUIRE(rc::row_matches(stores[0].subspan(g * page_bytes + (l * p + i) * d.row_bytes, d.row_bytes),
                                 rc::request_tag(50), 0, l, static_cast<std::int64_t>(page * p + i)));
   }
+}
+
+TEST_CASE("a residency manager adopts the engine's host stores", "[host][adopt][residency]") {
+  auto c = make_cfg();
+  c.optional_pages = 12;
+  store_bytes a(model_bytes(c, 0)), b(model_bytes(c, 1));
+  const std::array<std::span<std::byte>, 2> stores{a.span, b.span};
+  residency_config rc_cfg;
+  rc_cfg.required_pages = 1;
+  residency_manager<H, adaptive_policy<>> m(c, rc_cfg, stores);
+  // A history imported through the manager lands in the caller's bytes at the layout's offsets, and
+  // resolves to exactly those rows.
+  const auto& d = L::sources[0];
+  const std::size_t rows = 3 * p + 5, page_bytes = p * d.payload_layers * d.row_bytes;
+  const auto buf = rc::make_append_buffer(rc::request_tag(3), 0, d.payload_layers, d.row_bytes, 0, rows);
+  REQUIRE(m.admit(3));
+  CHECK(m.import_history(3, 0, buf, rows) == 3);  // three whole pages, mapped newest first while spare
+  REQUIRE(m.audit().empty());
+  for (std::size_t row = 0; row < rows; ++row)
+    for (std::size_t l = 0; l < d.payload_layers; ++l) {
+      const std::size_t at = (row / p) * page_bytes + (l * p + row % p) * d.row_bytes;  // fresh store: pages 0, 1, ...
+      REQUIRE(rc::row_matches(stores[0].subspan(at, d.row_bytes), rc::request_tag(3), 0, l,
+                              static_cast<std::int64_t>(row)));
+    }
+  std::vector<row_index> sel{0, static_cast<row_index>(p), static_cast<row_index>(rows - 1), no_row};
+  std::vector<location> loc(sel.size());
+  m.step().resolve(3, 0, sel, loc);
+  for (std::size_t i = 0; i + 1 < sel.size(); ++i)
+    for (std::size_t l = 0; l < d.payload_layers; ++l)
+      REQUIRE(rc::row_matches(m.hierarchy().payload(0, l, loc[i]), rc::request_tag(3), 0, l, sel[i]));
+  // The adopting manager checks the stores as the hierarchy does, and its ledger as the owning one.
+  const std::array<std::span<std::byte>, 1> one{a.span};
+  CHECK_THROWS_AS((residency_manager<H, adaptive_policy<>>(c, rc_cfg, one)), size_mismatch);
+  residency_config too_big;
+  too_big.required_pages = c.optional_pages + 1;
+  CHECK_THROWS_AS((residency_manager<H, adaptive_policy<>>(c, too_big, stores)), invalid_configuration);
 }

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "../detail/repopulation_walk.hpp"
+#include "../detail/residency_checks.hpp"
 #include "../detail/residency_reclaim.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
@@ -129,20 +130,15 @@ class residency_manager {
   /// on) and a non-blocking copy stream. Throws invalid_configuration as the host manager does.
   residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg, cudaStream_t step_stream = nullptr)
       : h_(hcfg, step_stream), cfg_(rcfg), step_(step_stream) {
-    const std::size_t m = capacity_pages();
-    const std::size_t need = cfg_.required_pages + cfg_.reserve_pages + pinned_pages_per_request();
-    if (need > m)
-      throw invalid_configuration("residency: one request needs " + std::to_string(need) +
-                                  " pages per source (required + reserve" +
-                                  (traits::pins_history ? std::string(" + pinned history") : std::string()) +
-                                  ") but the optional pool has " + std::to_string(m) + ": nothing could be admitted");
-    // Load the fill, backup, map-store and import kernels now: under lazy module loading their
-    // first launch (a repopulate, a reclaim) could otherwise synchronise the context, i.e. stall
-    // the host and order the step stream behind copy-stream work.
-    DHISPARSE_CUDA_TRY(detail::preload_residency_kernels(h_.view(0)));
-    DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    copy_ = detail::stream_clock(copy_stream_);
-    DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
+    start();
+  }
+  /// As above, with the hierarchy's host stores adopted from memory the engine already owns (its
+  /// pinned KV pool): one span per source of at least `Hierarchy::host_store_bytes(hcfg, s)` bytes,
+  /// with the contract and errors of hierarchy's adopting constructor (layout in its doc).
+  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg,
+                    std::span<const std::span<std::byte>> host_stores, cudaStream_t step_stream)
+      : h_(hcfg, host_stores, step_stream), cfg_(rcfg), step_(step_stream) {
+    start();
   }
   residency_manager(const residency_manager&) = delete;
   residency_manager& operator=(const residency_manager&) = delete;
@@ -731,15 +727,23 @@ class residency_manager {
     return result;
   }
 
+  /// The constructors' common part: the ledger check, then the kernels and the copy stream.
+  void start() {
+    dhisparse::detail::check_one_request_fits(cfg_.required_pages, cfg_.reserve_pages, pinned_pages_per_request(),
+                                              traits::pins_history, capacity_pages());
+    // Load the fill, backup, map-store and import kernels now: under lazy module loading their
+    // first launch (a repopulate, a reclaim) could otherwise synchronise the context, i.e. stall
+    // the host and order the step stream behind copy-stream work.
+    DHISPARSE_CUDA_TRY(detail::preload_residency_kernels(h_.view(0)));
+    DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    copy_ = detail::stream_clock(copy_stream_);
+    DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
+  }
   /// Imported rows must be a prefix of the history: no decode row (appended, committed, or a staged
   /// block) may precede them.
   void check_not_decoding(const request_books& b, std::size_t s) const {
-    const auto m = static_cast<std::int64_t>(layout::sources[s].positions_per_row);
-    if (h_.positions(b.id, s) != b.imported[s] * m || h_.staged_rows(b.id, s) != 0)
-      throw import_after_decode("residency: request " + std::to_string(b.id) + " has decode rows on source " +
-                                std::to_string(s) + " (" + std::to_string(h_.positions(b.id, s)) + " positions, " +
-                                std::to_string(b.imported[s]) +
-                                " rows imported): history must be imported before decoding starts");
+    dhisparse::detail::check_not_decoding(b.id, s, h_.positions(b.id, s), b.imported[s],
+                                          layout::sources[s].positions_per_row, h_.staged_rows(b.id, s));
   }
   /// A kernel reads the rows: pageable host memory is refused unless the device can access it.
   static void check_device_accessible(const std::byte* rows) {

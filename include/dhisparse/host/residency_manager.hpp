@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "../detail/repopulation_walk.hpp"
+#include "../detail/residency_checks.hpp"
 #include "../detail/residency_reclaim.hpp"
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
@@ -167,16 +168,15 @@ class residency_manager {
 
   /// Constructs the hierarchy from `hcfg` with the ledger of `rcfg`; throws invalid_configuration when one request's
   /// required, reserve and pinned pages exceed the optional pool (nothing could be admitted), or `hcfg` cannot work.
-  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg) : h_(hcfg), cfg_(rcfg) {
-    const std::size_t m = capacity_pages();
-    const std::size_t need = cfg_.required_pages + cfg_.reserve_pages + pinned_pages_per_request();
-    if (need > m)
-      throw invalid_configuration("residency: one request needs " + std::to_string(need) +
-                                  " pages per source (required + reserve" +
-                                  (traits::pins_history ? std::string(" + pinned history") : std::string()) +
-                                  ") but the optional pool has " + std::to_string(m) + ": nothing could be admitted");
-    required_.fill(0);
-    optional_.fill(0);
+  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg) : h_(hcfg), cfg_(rcfg) { start(); }
+  /// As above, with the hierarchy's host stores adopted from caller memory (host_hierarchy's
+  /// adopting constructor: one span per source of at least `Hierarchy::host_store_bytes(hcfg, s)`
+  /// bytes, `host_store_alignment`-aligned, outliving the manager), as the CUDA manager adopts an
+  /// engine's pinned KV pool.
+  residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg,
+                    std::span<const std::span<std::byte>> host_stores)
+      : h_(hcfg, host_stores), cfg_(rcfg) {
+    start();
   }
 
   /// The owned hierarchy, read-only: there is no mutable access, so nothing can admit, complete,
@@ -446,15 +446,18 @@ class residency_manager {
                           " bytes for " + std::to_string(count) + " rows on source " + std::to_string(s) +
                           ", expected " + std::to_string(count * d.payload_layers * d.row_bytes));
   }
+  /// The constructors' common part.
+  void start() {
+    detail::check_one_request_fits(cfg_.required_pages, cfg_.reserve_pages, pinned_pages_per_request(),
+                                   traits::pins_history, capacity_pages());
+    required_.fill(0);
+    optional_.fill(0);
+  }
   /// Imported rows must be a prefix of the history: no decode row (appended, committed, or a staged
   /// block) may precede them.
   void check_not_decoding(const request_books& b, std::size_t s) const {
-    const auto m = static_cast<std::int64_t>(layout::sources[s].positions_per_row);
-    if (h_.positions(b.id, s) != b.imported[s] * m || h_.staged_rows(b.id, s) != 0)
-      throw import_after_decode("residency: request " + std::to_string(b.id) + " has decode rows on source " +
-                                std::to_string(s) + " (" + std::to_string(h_.positions(b.id, s)) + " positions, " +
-                                std::to_string(b.imported[s]) +
-                                " rows imported): history must be imported before decoding starts");
+    detail::check_not_decoding(b.id, s, h_.positions(b.id, s), b.imported[s], layout::sources[s].positions_per_row,
+                               h_.staged_rows(b.id, s));
   }
   /// Appends a validated chunk of imported history and maps the pages it completes, newest first,
   /// while the ledger allows (a pinning policy: every one). Returns the pages mapped.
