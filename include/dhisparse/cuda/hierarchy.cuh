@@ -455,9 +455,10 @@ class hierarchy {
     return src_[source].books.reserved_rows(registry_.slot(id));
   }
 
-  /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (one CTA per
-  /// entry) writes each entry's rows into the tail ring of every payload layer and through to the
-  /// mapped host store, then publishes the device frontier (and a pinned mirror of it for
+  /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (the
+  /// step-wide kernel over this source: one CTA of 1-8 warps per entry) writes each entry's rows
+  /// into the tail ring of every payload layer and through to the mapped host store (inline: no
+  /// backup to join), then publishes the device frontier (and a pinned mirror of it for
   /// `sync_books`). Reads only device memory, allocates nothing, fixed launch shape: capturable.
   /// Entries are checked on the device (kv_write.cuh); a bad one is left untouched and thrown by
   /// `check_errors`. Rows must lie within the request's reservation (`reserve_rows`). On a
@@ -1225,7 +1226,7 @@ class hierarchy {
 
   /// Commits one speculative round of every entry of `batch` on one source, with the accepted
   /// counts read on the device (the engine's sampler writes them: no host round trip): ONE launch
-  /// (one CTA per entry) checks each entry's round (commit_without_verify, acceptance_beyond_block,
+  /// (the step-wide kernel over this source, inline host copy) checks each entry's round (commit_without_verify, acceptance_beyond_block,
   /// completed rows within the reservation: capacity_exceeded; recorded for `check_errors`, entry
   /// untouched), backs the completed rows up from the tail ring to the host store, and publishes
   /// the frontier and partial boundary row. The semantics of the per-request `commit`;
