@@ -1,11 +1,16 @@
 // bench_cuda_write: the write part of an engine's decode step on the CUDA backend. Every admitted
-// request writes one new row into every payload layer of every source, as one CUDA graph of
-// `hierarchy::append(source, kv_write_view, stream)` launches (one per source), replayed step after
-// step. See docs/design.md ("Batched writes").
+// request writes one new row into every payload layer of every source, replayed from a CUDA graph
+// step after step. See docs/design.md ("Batched writes").
 //
-//   dhisparse   the graph of batched appends: tail ring of every payload layer, the write-through
-//               host copy (mapped pinned store) and the published frontier; this is the whole
-//               critical path of the write (write-through: no separate backup launch)
+//   dhisparse   a graph of per-source `hierarchy::append(source, kv_write_view, stream)` launches
+//               (one per source, write-through host copy in each): the per-source path
+//   step        a graph of ONE `append_step(kv_step_write_view, backup, stream)` (every source, one
+//               launch) with the host backup forked onto a second stream and joined at the end of
+//               the graph. median_us is the critical path: from the step's start to the event the
+//               graph records on `stream` right after the critical launch (tails, window-external
+//               rows, frontiers); total_us runs to the end of the graph (backup joined);
+//               backup_GBps = step bytes / (backup end - critical end), the backup launch's own rate
+//   step_inline the same step with backup == stream: one launch that also writes the host copy
 //   flat        baseline: ONE kernel (graph-replayed) that writes the same bytes from the same
 //               input buffers into a flat per-layer cache at slot-mapping indices (vLLM's
 //               reshape_and_cache shape), one warp per row, all layers in one launch
@@ -60,10 +65,12 @@ struct write_layout {
   static constexpr auto consumers = Base::consumers;
 };
 
-enum class method { dhisparse, flat, d2h_memcpy };
+enum class method { dhisparse, step, step_inline, flat, d2h_memcpy };
 const char* name_of(method x) {
   switch (x) {
     case method::dhisparse: return "dhisparse";
+    case method::step: return "step";
+    case method::step_inline: return "step_inline";
     case method::flat: return "flat";
     default: return "d2h_memcpy";
   }
@@ -140,7 +147,7 @@ struct write_setup {
   static constexpr std::size_t S = dh::source_count<L>;
   static constexpr std::size_t row_bytes = L::sources[0].row_bytes;  // uniform in both layouts
   unsigned layers = 0;
-  cudaStream_t stream{};
+  cudaStream_t stream{}, backup_stream{};
   std::unique_ptr<H> h;
   dh::cuda::device_buffer<std::byte> input;                // [global layer][kSlots][row_bytes]
   dh::cuda::device_buffer<std::byte*> input_ptrs;          // [global layer]
@@ -159,6 +166,7 @@ struct write_setup {
       layers += static_cast<unsigned>(L::sources[s].payload_layers);
     }
     DHB_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DHB_CHECK(cudaStreamCreateWithFlags(&backup_stream, cudaStreamNonBlocking));
     dh::hierarchy_config cfg;
     cfg.max_requests = kSlots;
     cfg.max_rows = 1024;
@@ -190,6 +198,7 @@ struct write_setup {
   }
   ~write_setup() {
     h.reset();
+    cudaStreamDestroy(backup_stream);
     cudaStreamDestroy(stream);
   }
   std::size_t step_bytes(unsigned C) const { return static_cast<std::size_t>(layers) * C * row_bytes; }
@@ -229,8 +238,32 @@ void bm_write(benchmark::State& state, method x, unsigned C) {
 
     cudaGraph_t graph{};
     cudaGraphExec_t exec{};
+    // step: event record nodes inside the graph mark the end of the critical launch on `stream`
+    // and the end of the backup launch on the backup stream (timing events, external records).
+    cudaEvent_t critical_end{}, backup_end{}, backup_joined{};
+    DHB_CHECK(cudaEventCreate(&critical_end));
+    DHB_CHECK(cudaEventCreate(&backup_end));
+    DHB_CHECK(cudaEventCreateWithFlags(&backup_joined, cudaEventDisableTiming));
     DHB_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
-    if (x == method::dhisparse) {
+    if (x == method::step || x == method::step_inline) {
+      dh::cuda::kv_step_write_view v;
+      v.slots = st.slots.data();
+      v.rows = st.rows.data();  // rows_pitch 0: one row per entry on every source
+      v.layer_rows = reinterpret_cast<const std::byte* const*>(st.input_ptrs.data());  // global layer = step layer
+      v.max_rows = 1;
+      v.capacity = C;
+      const cudaStream_t backup = x == method::step ? st.backup_stream : st.stream;
+      h.append_step(v, backup, st.stream);
+      DHB_CHECK(cudaEventRecordWithFlags(critical_end, st.stream, cudaEventRecordExternal));
+      if (x == method::step) {
+        DHB_CHECK(cudaEventRecordWithFlags(backup_end, backup, cudaEventRecordExternal));
+        // The timing node sits on the backup stream after the hierarchy's own join point: join it
+        // too (a capture cannot end with a node of a forked stream unjoined).
+        DHB_CHECK(cudaEventRecord(backup_joined, backup));
+        DHB_CHECK(cudaStreamWaitEvent(st.stream, backup_joined, 0));
+      }
+      h.join_backup(st.stream);
+    } else if (x == method::dhisparse) {
       for (std::size_t s = 0; s < write_setup<Base>::S; ++s) {
         dh::cuda::kv_write_view v;
         v.slots = st.slots.data();
@@ -255,20 +288,31 @@ void bm_write(benchmark::State& state, method x, unsigned C) {
     DHB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
     step_timer timer;
-    std::vector<double> us;
+    std::vector<double> us, total_us, backup_us;
+    cudaEvent_t step_start{};
+    DHB_CHECK(cudaEventCreate(&step_start));
     std::vector<std::int64_t> mapping(kSlots);
     unsigned step = 0;
     auto one_step = [&](bool timed) {
       st.fill(C, step);
       for (std::uint32_t e = 0; e < kSlots; ++e) mapping[e] = static_cast<std::int64_t>(e) * kSlots + step % kSlots;
       DHB_CHECK(cudaMemcpyAsync(st.slot_mapping.data(), mapping.data(), kSlots * 8, cudaMemcpyHostToDevice, st.stream));
-      const float ms = timer.time(st.stream, [&] { DHB_CHECK(cudaGraphLaunch(exec, st.stream)); });
+      const float ms = timer.time(st.stream, [&] {
+        DHB_CHECK(cudaEventRecord(step_start, st.stream));
+        DHB_CHECK(cudaGraphLaunch(exec, st.stream));
+      });
+      float critical_ms = ms, backup_ms = 0.f;
+      if (x == method::step || x == method::step_inline)
+        DHB_CHECK(cudaEventElapsedTime(&critical_ms, step_start, critical_end));
+      if (x == method::step) DHB_CHECK(cudaEventElapsedTime(&backup_ms, critical_end, backup_end));
       if (timed) {
-        us.push_back(ms * 1e3);
-        state.SetIterationTime(ms / 1e3);
+        us.push_back(critical_ms * 1e3);
+        total_us.push_back(ms * 1e3);
+        backup_us.push_back(backup_ms * 1e3);
+        state.SetIterationTime(critical_ms / 1e3);
       }
       // Checks outside the events: every row the step wrote.
-      if (x == method::dhisparse) {
+      if (x == method::dhisparse || x == method::step || x == method::step_inline) {
         h.check_errors(st.stream);
         for (std::size_t s = 0; s < write_setup<Base>::S; ++s)
           check_source<<<64, 256, 0, st.stream>>>(h.view(s), reinterpret_cast<const std::uint64_t* const*>(st.input_ptrs.data()),
@@ -289,7 +333,11 @@ void bm_write(benchmark::State& state, method x, unsigned C) {
     for (auto _ : state) one_step(true);
     DHB_CHECK(cudaGraphExecDestroy(exec));
     DHB_CHECK(cudaGraphDestroy(graph));
-    if (x == method::dhisparse) {  // the books absorb the device frontiers: one row per step
+    DHB_CHECK(cudaEventDestroy(critical_end));
+    DHB_CHECK(cudaEventDestroy(backup_end));
+    DHB_CHECK(cudaEventDestroy(backup_joined));
+    DHB_CHECK(cudaEventDestroy(step_start));
+    if (x != method::flat && x != method::d2h_memcpy) {  // the books absorb the device frontiers: one row per step
       h.sync_books(st.stream);
       for (std::uint32_t id = 0; id < C; ++id)
         if (h.frontier(id, 0) != static_cast<std::int64_t>(step))
@@ -308,8 +356,14 @@ void bm_write(benchmark::State& state, method x, unsigned C) {
     c["p10_us"] = ss.p10_us;
     c["p90_us"] = ss.p90_us;
     c["GBps"] = ss.median_us > 0 ? static_cast<double>(st.step_bytes(C)) / (ss.median_us * 1e3) : 0;
-    if (x == method::dhisparse && flat_median.contains({layout_name, C}))
+    if (x != method::flat && x != method::d2h_memcpy && flat_median.contains({layout_name, C}))
       c["vs_flat"] = ss.median_us / flat_median[{layout_name, C}];
+    if (x == method::step || x == method::step_inline) c["total_us"] = summarize(total_us).median_us;
+    if (x == method::step) {
+      const double b = summarize(backup_us).median_us;
+      c["backup_us"] = b;
+      c["backup_GBps"] = b > 0 ? static_cast<double>(st.step_bytes(C)) / (b * 1e3) : 0;
+    }
     state.SetLabel(layout_name + "/" + name_of(x));
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -329,7 +383,8 @@ void parse_own_flags(int& argc, char** argv) {
 template <class Base>
 void register_layout(const char* name) {
   for (std::uint32_t C : kBatches)
-    for (method x : {method::flat, method::dhisparse, method::d2h_memcpy}) {  // flat first: vs_flat
+    for (method x : {method::flat, method::dhisparse, method::step, method::step_inline,
+                     method::d2h_memcpy}) {  // flat first: vs_flat
       const std::string full = std::string(name) + "/" + name_of(x) + "/C:" + std::to_string(C);
       benchmark::RegisterBenchmark(full.c_str(), [x, C](benchmark::State& s) { bm_write<Base>(s, x, C); })
           ->UseManualTime()

@@ -4,11 +4,12 @@
 // for many steps, with requests admitted and completed between steps:
 //
 //   every few steps (outside the step): reserve_ahead(rows for those steps)
-//   decode step, per source: append(source, write_items)      <- the step's new KV rows, one call
-//                            resolve(source, batch, producer_only), copy_follower(source, l)
+//   decode step: append_step(step_write_items)                <- the step's new KV rows, every source, one call
+//                then per source: resolve(source, batch, producer_only), copy_follower(source, l),
 //                            attention reads exactly the returned locations of every layer
 //   speculative round, per source: stage_block (per request), verify(source, batch),
-//                            attention over every query, commit(source, commit_items)
+//                            attention over every query;
+//                then commit_step(step_commit_items)                <- every source, one call
 //
 // Every byte attention reads is compared with the bytes the model produced for that row: the
 // program exits non-zero on any wrong byte.
@@ -112,15 +113,17 @@ struct engine {
   }
 
   void decode_step() {
-    for (std::size_t s = 0; s < kSources; ++s) {
-      // 1. The step's KV writes: one batched call per source.
-      std::vector<std::vector<std::byte>> bytes;
-      std::vector<write_item> writes;
+    // 1. The step's KV writes: one step-wide call for every request and source.
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<step_write_item> writes;
+    bytes.reserve(tag.size() * kSources);
+    for (std::size_t s = 0; s < kSources; ++s)
       for (const auto& [id, t] : tag) {
         bytes.push_back(produce_rows(t, s, h.frontier(id, s), 1));
-        writes.push_back({id, bytes.back(), 1});
+        writes.push_back({id, s, bytes.back(), 1});
       }
-      h.append(s, writes);
+    h.append_step(writes);
+    for (std::size_t s = 0; s < kSources; ++s) {
       // 2. The indexer's selections, resolved once for the source; followers replay the copies.
       std::vector<std::vector<row_index>> sel;
       std::vector<std::vector<location>> loc;
@@ -146,6 +149,9 @@ struct engine {
   }
 
   void speculative_round() {
+    std::map<request_id, std::size_t> accepted;  // the sampler's accepted proposals, the same on every source
+    for (const auto& [id, t] : tag) accepted[id] = rng() % kBlock;
+    std::vector<step_commit_item> commits;
     for (std::size_t s = 0; s < kSources; ++s) {
       std::vector<request_id> ids;
       std::vector<std::vector<std::vector<row_index>>> q;
@@ -171,14 +177,13 @@ struct engine {
       }
       h.verify(s, batch, copy_layers::producer_only);
       for (std::size_t l = 1; l < kLayers; ++l) h.copy_follower(s, l);
-      std::vector<commit_item> commits;
       for (std::size_t e = 0; e < ids.size(); ++e) {
         for (std::size_t j = 0; j < kBlock; ++j)
           for (std::size_t l = 0; l < kLayers; ++l) attend(ids[e], s, l, q[e][j], ql[e][j]);
-        commits.push_back({ids[e], rng() % kBlock});  // the sampler's accepted proposals
+        commits.push_back({ids[e], s, accepted[ids[e]]});
       }
-      h.commit(s, commits);
     }
+    h.commit_step(commits);  // one step-wide commit for every request and source
   }
 };
 

@@ -5,16 +5,19 @@
 // others follow its locations) runs decode steps and speculative rounds, with requests completing
 // and new ones admitted into their slots between replays.
 //
-//   decode graph, per source (layer group):    speculative graph (max_block > 1), per source:
-//     KV-producing kernel -> new rows             indexer kernel -> K_r selections per request
-//     append(source, kv_write_view)               verify(source, verify_batch_view, producer_only)
-//     indexer kernel -> selections                copy_follower(source, l) for every follower
-//     resolve(source, batch_view, producer_only)  attention reads exactly the returned locations
-//     copy_follower(source, l) for every follower then: sampler kernel -> accepted counts,
-//     attention reads exactly the returned          commit(source, commit_view) per source
-//       locations of every payload layer        staged before the replay (not capturable):
-//   then: step stats, advance the engine's        block kernel -> stage_block per request/source
-//     sequence lengths, all on the device
+//   decode graph:                               speculative graph (max_block > 1), per source:
+//     KV-producing kernels -> new rows of         indexer kernel -> K_r selections per request
+//       every source                              verify(source, verify_batch_view, producer_only)
+//     ONE append_step(kv_step_write_view,         copy_follower(source, l) for every follower
+//       backup, stream): every source, the host   attention reads exactly the returned locations
+//       copy forked onto the backup stream      then: sampler kernel -> accepted counts,
+//     per source: indexer kernel -> selections,   ONE commit_step(commit_step_view, backup, stream)
+//       resolve(source, batch_view,              join_backup(stream) at the end of the graph
+//       producer_only), copy_follower(source, l) staged before the replay (not capturable):
+//       for every follower, attention reads       block kernel -> stage_block per request/source
+//       exactly the returned locations
+//   then: step stats, advance the engine's sequence lengths, all on the device;
+//     join_backup(stream) as the graph's last node (the backup ran beside the resolves)
 //
 //   between replays (host): complete/admit requests (prefill: eager append), upload the step's
 //   entry list (slots, counts) with cudaMemcpyAsync, reserve_ahead every few steps,
@@ -144,7 +147,9 @@ constexpr std::size_t kBlockBytes = kMaxLayers * kBlock * kRowBytes;  // [layer]
 
 /// Stand-in for the attention layers' KV projections of source s: the new row (at position
 /// length[slot]) of every payload layer of every live entry, entry e at row e of each layer's
-/// buffer, as kv_write_view expects with `first` null and max_rows 1.
+/// buffer, as kv_step_write_view expects with `first` null and max_rows 1. (Here every source's row
+/// exists before the first resolve, so one step-wide write covers them all; in a model whose layer
+/// l's row needs layer l-1's output, see docs/integration.md, "Step-wide writes".)
 __global__ void produce_kv_kernel(step_control c, model_buffers m, unsigned s) {
   const unsigned e = blockIdx.x;
   const std::int32_t slot = c.slots[e];
@@ -344,7 +349,8 @@ void launched() { DHISPARSE_CUDA_TRY(cudaGetLastError()); }
 
 class engine {
  public:
-  engine(const dh::hierarchy_config& cfg, cudaStream_t stream) : h_(cfg, stream), stream_(stream) {
+  engine(const dh::hierarchy_config& cfg, cudaStream_t stream, cudaStream_t backup)
+      : h_(cfg, stream), stream_(stream), backup_(backup) {
     c_.slots = slots_.data();
     c_.rows = rows_.data();
     c_.count = count_.data();
@@ -356,19 +362,19 @@ class engine {
     c_.out = out_.data();
     c_.counters = counters_.data();
     m_.pool_rows = static_cast<std::uint32_t>(h_.pool_rows());
-    std::vector<std::vector<const std::byte*>> layer_ptrs(kSources);
+    std::vector<const std::byte*> step_ptrs(Hierarchy::step_layers);
     for (std::size_t s = 0; s < kSources; ++s) {
       m_.layers[s] = static_cast<std::uint32_t>(kLayersOf[s]);
       m_.block_rows[s] = block_bytes_.data() + s * kSlots * kBlockBytes;
       for (std::size_t l = 0; l < kLayersOf[s]; ++l) {
         m_.pool[s][l] = h_.pool(s, l);
         m_.new_rows[s][l] = new_rows_.data() + (s * kMaxLayers + l) * kSlots * kRowBytes;
-        layer_ptrs[s].push_back(m_.new_rows[s][l]);
+        step_ptrs[Hierarchy::step_layer_index(s, l)] = m_.new_rows[s][l];
       }
-      // kv_write_view reads the per-layer buffer addresses from device memory.
-      DHISPARSE_CUDA_TRY(cudaMemcpy(layer_rows_.data() + s * kMaxLayers, layer_ptrs[s].data(),
-                                    kLayersOf[s] * sizeof(void*), cudaMemcpyHostToDevice));
     }
+    // kv_step_write_view reads one buffer address per (source, payload layer) from device memory.
+    DHISPARSE_CUDA_TRY(cudaMemcpy(layer_rows_.data(), step_ptrs.data(), step_ptrs.size() * sizeof(void*),
+                                  cudaMemcpyHostToDevice));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(step_.data(), 0, step_.bytes(), stream_));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream_));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(block_.data(), 0, block_.bytes(), stream_));
@@ -381,20 +387,24 @@ class engine {
 
   // ---- the step graphs (enqueued once, under capture)
 
-  /// One decode step: per source, its new KV rows, their batched append, the indexer, the
-  /// resolve, the follower copies and attention; then stats and the engine's lengths.
+  /// One decode step: the new KV rows of every source and ONE step-wide write; per source the
+  /// indexer, the resolve, the follower copies and attention; then stats, the engine's lengths and
+  /// the join of the host backup.
   void enqueue_decode_step() {
     for (unsigned s = 0; s < kSources; ++s) {
       produce_kv_kernel<<<kSlots, 128, 0, stream_>>>(c_, m_, s);
       launched();
-      // Slots, counts and rows are read on the device: one capturable launch for every request.
-      dhc::kv_write_view w;
-      w.slots = slots_.data();
-      w.rows = rows_.data();
-      w.layer_rows = layer_rows_.data() + s * kMaxLayers;
-      w.max_rows = 1;
-      w.capacity = kSlots;
-      h_.append(s, w, stream_);
+    }
+    // Slots, counts and rows are read on the device: one capturable launch for every request and
+    // source. The host copy of the new rows is made on backup_, beside the resolves below.
+    dhc::kv_step_write_view w;
+    w.slots = slots_.data();
+    w.rows = rows_.data();  // rows_pitch 0: the same count on every source
+    w.layer_rows = layer_rows_.data();
+    w.max_rows = 1;
+    w.capacity = kSlots;
+    h_.append_step(w, backup_, stream_);
+    for (unsigned s = 0; s < kSources; ++s) {
       const auto& b = batch_[s];
       indexer_kernel<<<dim3(kSlots, 1), K, 0, stream_>>>(
           c_, s, selection_out{b.slots(), nullptr, b.lengths(), b.selections(), b.count(), 1}, false);
@@ -411,6 +421,7 @@ class engine {
     launched();
     advance_kernel<<<1, kSlots, 0, stream_>>>(c_, false);
     launched();
+    h_.join_backup(stream_);  // last: nothing of the step waited for the backup
   }
 
   /// One speculative round over blocks staged before the replay: per source the indexer's K_r
@@ -434,11 +445,11 @@ class engine {
     launched();
     sampler_kernel<<<1, kSlots, 0, stream_>>>(c_);
     launched();
-    // The same tokens are accepted on every source: one commit_view over the sampler's output.
-    const dhc::commit_view commits{slots_.data(), accepted_.data(), kSlots};
-    for (unsigned s = 0; s < kSources; ++s) h_.commit(s, commits, stream_);
+    // The same tokens are accepted on every source: ONE step-wide commit over the sampler's output.
+    h_.commit_step(dhc::commit_step_view{slots_.data(), accepted_.data(), kSlots}, backup_, stream_);
     advance_kernel<<<1, kSlots, 0, stream_>>>(c_, true);
     launched();
+    h_.join_backup(stream_);
   }
 
   // ---- between replays (host)
@@ -550,6 +561,7 @@ class engine {
 
   Hierarchy h_;
   cudaStream_t stream_;
+  cudaStream_t backup_;  // host backups of the step-wide writes and commits
   std::vector<live_request> live_;  // in entry order
   dh::request_id next_id_ = 1;
 
@@ -562,7 +574,7 @@ class engine {
   dhc::device_buffer<step_counters> counters_{1};
   dhc::device_buffer<std::byte> new_rows_{kSources * kMaxLayers * kSlots * kRowBytes};
   dhc::device_buffer<std::byte> block_bytes_{kSources * kSlots * kBlockBytes};
-  dhc::device_buffer<const std::byte*> layer_rows_{kSources * kMaxLayers};
+  dhc::device_buffer<const std::byte*> layer_rows_{Hierarchy::step_layers};
   dhc::device_buffer<std::uint64_t> prefill_{kMaxLayers * kMaxPrefill * kWords};
   dhc::device_buffer<dhc::entry_stats> resolve_stats_{kSources * kSlots};
   dhc::device_buffer<dhc::verify_entry_stats> verify_stats_{kSources * kSlots};
@@ -591,9 +603,10 @@ int run() {
   cfg.max_rows = 2048;  // prefill + every step's rows, with room to spare
   cfg.tail_rows = 32;
   cfg.max_block = kBlock;
-  cudaStream_t stream = nullptr;  // lives as long as the process (the hierarchy uses it until destroyed)
+  cudaStream_t stream = nullptr, backup = nullptr;  // live as long as the process (the hierarchy uses them)
   DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  engine eng(cfg, stream);
+  DHISPARSE_CUDA_TRY(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  engine eng(cfg, stream, backup);
   Hierarchy& h = eng.hierarchy();
   std::mt19937_64 rng(2026);
   for (std::uint32_t i = 0; i < kSlots - 2; ++i) eng.admit(rng);

@@ -87,4 +87,24 @@ struct planned_copy {
   location dst = 0;
 };
 
+/// One (request, source) part of a step-wide `append_step` (host backend; the twin of a
+/// `cuda::kv_step_write_view` entry on one source): `count` new rows of `source` laid out
+/// [payload layer][count][row_bytes], as the per-request append. An item of 0 rows is skipped.
+struct step_write_item {
+  /// The admitted request the rows belong to.
+  request_id request = 0;
+  std::size_t source = 0;           ///< the payload source written
+  std::span<const std::byte> rows;  ///< count * payload_layers * row_bytes bytes of `source`
+  std::size_t count = 0;            ///< new rows (decode: 1; a prefill chunk: more)
+};
+
+/// One (request, source) part of a step-wide `commit_step` (the twin of a `cuda::commit_step_view`
+/// entry on one source): the anchor and `accepted` proposals of its last verified round on `source`.
+struct step_commit_item {
+  /// The admitted request whose verified round is committed.
+  request_id request = 0;
+  std::size_t source = 0;    ///< the payload source committed
+  std::size_t accepted = 0;  ///< 0 <= accepted <= K_r - 1 of the last verify on `source`
+};
+
 }  // namespace dhisparse

@@ -64,6 +64,25 @@ consteval std::size_t payload_layer_count() {
   return n;
 }
 
+/// Payload layers of a whole step: one row buffer per (source, payload layer) in a step-wide write
+/// (`cuda::kv_step_write_view::layer_rows`, `host_hierarchy::append_step`), i.e. `payload_layer_count`.
+template <KvLayout L>
+inline constexpr std::size_t step_layers = payload_layer_count<L>();
+
+/// Index of payload layer `l` of source `s` among a step's `step_layers<L>` row buffers: sources in
+/// layout order, each source's payload layers in order (the prefix sum of payload layers). Out of
+/// range arguments give `step_layers<L>` (one past the end), so a constant expression that misuses
+/// it fails where it indexes.
+template <KvLayout L>
+constexpr std::size_t step_layer_index(std::size_t s, std::size_t l) {
+  std::size_t base = 0;
+  for (std::size_t i = 0; i < std::size(L::sources); ++i) {
+    if (i == s) return l < L::sources[i].payload_layers ? base + l : step_layers<L>;
+    base += L::sources[i].payload_layers;
+  }
+  return step_layers<L>;
+}
+
 /// Most payload layers of any one source: the payload layers a verification of one source keeps
 /// live at once (the planner's default chi).
 template <KvLayout L>

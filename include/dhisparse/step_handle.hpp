@@ -6,7 +6,7 @@
 /// A residency manager keeps books (the ledger, every request's optional pages, page states on the
 /// GPU) that must agree with its hierarchy, so it hands out the hierarchy read-only and this handle
 /// for the per-step operations: resolve, follower copies, the speculative round (stage, verify,
-/// commit, release staging) and error checks. None of them admits, completes, maps or unmaps, so
+/// commit, commit_step, release staging), joining the host backup of step-wide writes, and error checks. None of them admits, completes, maps or unmaps, so
 /// none can put the books out of step; admission, history import, decode-row appends (which may
 /// map pinned pages), completion and repopulation stay on the manager.
 ///
@@ -56,6 +56,13 @@ class step_handle {
   DHISPARSE_STEP_FORWARD(verify_sync)
   /// Forwards to the hierarchy's `commit`.
   DHISPARSE_STEP_FORWARD(commit)
+  /// Forwards to the hierarchy's `commit_step` (the step-wide commit of every source).
+  DHISPARSE_STEP_FORWARD(commit_step)
+  /// Forwards to the hierarchy's `join_backup` (CUDA: joins the host backup of a step-wide write or
+  /// commit into a stream; host: nothing to join).
+  DHISPARSE_STEP_FORWARD(join_backup)
+  /// Forwards to the hierarchy's `backup_pending`.
+  DHISPARSE_STEP_FORWARD(backup_pending)
   /// Forwards to the hierarchy's `release_staging`.
   DHISPARSE_STEP_FORWARD(release_staging)
 

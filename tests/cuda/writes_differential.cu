@@ -13,6 +13,7 @@
 
 #include "../support/row_content.hpp"
 #include "dhisparse/cuda/kv_write.cuh"
+#include "dhisparse/cuda/residency_manager.cuh"
 
 namespace {
 
@@ -411,5 +412,406 @@ TEST_CASE("batched commits equal the host twin and reject rounds that were not v
     REQUIRE(thrown);
     REQUIRE(ch.positions(who, 1) == before);
   }
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Step-wide writes and commits (append_step / commit_step: one launch over every source, the host
+// backup forked onto a second stream) against the host twin's append_step / commit_step.
+
+namespace {
+
+constexpr std::size_t kSources = 2;
+constexpr std::size_t kStepLayers = CH::step_layers;
+static_assert(kStepLayers == 3 && CH::step_layer_index(1, 0) == 2);
+
+/// Device buffers of a kv_step_write_view: one row buffer per (source, payload layer), counts per
+/// (source, entry) (rows_pitch = N) or one per entry (rows_pitch = 0).
+struct step_buffers {
+  dhc::device_buffer<std::int32_t> slots{N}, rows{kSources * N};
+  std::vector<dhc::device_buffer<std::byte>> layer;
+  dhc::device_buffer<const std::byte*> layer_ptrs{kStepLayers};
+  std::vector<std::int32_t> h_slots = std::vector<std::int32_t>(N, -1);
+  std::vector<std::int32_t> h_rows = std::vector<std::int32_t>(kSources * N, 0);  // [source][entry]
+  std::vector<std::vector<std::byte>> h_layer;                                  // [step layer][N * kMaxRows * rb]
+
+  step_buffers() {
+    std::vector<const std::byte*> ptrs(kStepLayers);
+    for (std::size_t s = 0; s < kSources; ++s)
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+        const std::size_t bytes = N * kMaxRows * Layout::sources[s].row_bytes;
+        layer.emplace_back(bytes);
+        h_layer.emplace_back(bytes);
+        ptrs[CH::step_layer_index(s, l)] = layer.back().data();
+      }
+    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), kStepLayers * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  void clear() {
+    std::fill(h_slots.begin(), h_slots.end(), -1);
+    std::fill(h_rows.begin(), h_rows.end(), 0);
+  }
+  /// Entry e writes `count` rows of (tag, source) starting at history row `first_row`.
+  void set(std::size_t e, std::int32_t slot, std::size_t s, std::size_t count, std::uint64_t tag, std::int64_t first_row) {
+    h_slots[e] = slot;
+    h_rows[s * N + e] = static_cast<std::int32_t>(count);
+    const std::size_t rb = Layout::sources[s].row_bytes;
+    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+      for (std::size_t i = 0; i < count && i < kMaxRows; ++i)
+        fill_row(h_layer[CH::step_layer_index(s, l)].data() + (e * kMaxRows + i) * rb, rb, tag, s, l,
+                 first_row + static_cast<std::int64_t>(i));
+  }
+  /// The host twin's rows of (source, entry): [layer][count][row_bytes].
+  std::vector<std::byte> item_rows(std::size_t s, std::size_t e) const {
+    const auto count = static_cast<std::size_t>(h_rows[s * N + e]);
+    const std::size_t rb = Layout::sources[s].row_bytes, layers = Layout::sources[s].payload_layers;
+    std::vector<std::byte> out(layers * count * rb);
+    for (std::size_t l = 0; l < layers; ++l)
+      std::memcpy(out.data() + l * count * rb, h_layer[CH::step_layer_index(s, l)].data() + e * kMaxRows * rb,
+                  count * rb);
+    return out;
+  }
+  void upload(cudaStream_t st) {
+    DHTEST_CUDA(cudaMemcpyAsync(slots.data(), h_slots.data(), N * 4, cudaMemcpyHostToDevice, st));
+    DHTEST_CUDA(cudaMemcpyAsync(rows.data(), h_rows.data(), kSources * N * 4, cudaMemcpyHostToDevice, st));
+    for (std::size_t i = 0; i < kStepLayers; ++i)
+      DHTEST_CUDA(cudaMemcpyAsync(layer[i].data(), h_layer[i].data(), h_layer[i].size(), cudaMemcpyHostToDevice, st));
+    DHTEST_CUDA(cudaStreamSynchronize(st));  // the host vectors are pageable and reused
+  }
+  dhc::kv_step_write_view view() const {
+    dhc::kv_step_write_view v;
+    v.slots = slots.data();
+    v.rows = rows.data();
+    v.rows_pitch = N;
+    v.layer_rows = layer_ptrs.data();
+    v.max_rows = kMaxRows;
+    v.capacity = N;
+    return v;
+  }
+};
+
+/// A short tail (2 rows) so that chunks of up to kMaxRows rows also write rows outside the window,
+/// which the critical launch sends straight to the host store.
+dh::hierarchy_config step_config(std::size_t max_block = 1) {
+  dh::hierarchy_config c = config(max_block);
+  c.tail_rows = 2;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("step-wide writes with the backup on its own stream equal the host twin", "[gpu][writes][step]") {
+  require_device();
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  CH ch(step_config(), stream);
+  HH hh(step_config());
+  step_buffers w;
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> frontier;
+  std::mt19937_64 rng(4242);
+  request_id next = 1;
+  auto admit = [&] {
+    const request_id id = next++;
+    const auto a = ch.admit(id, stream), b = hh.admit(id);
+    REQUIRE(a.slot == b.slot);
+    tags[id] = request_tag(id, 11);
+    frontier[id] = {0, 0};
+  };
+  for (std::size_t i = 0; i < 6; ++i) admit();
+
+  constexpr int kSteps = 200, kReserveEvery = 8;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step % kReserveEvery == 0) {  // joins the pending backup first (it absorbs the books)
+      ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+      hh.reserve_ahead(kReserveEvery * kMaxRows);
+      REQUIRE_FALSE(ch.backup_pending());
+    }
+    w.clear();
+    std::vector<std::size_t> entries(N);
+    for (std::size_t e = 0; e < N; ++e) entries[e] = e;
+    std::shuffle(entries.begin(), entries.end(), rng);  // entries anywhere in the view, padding between
+    std::size_t k = 0;
+    std::vector<std::vector<std::byte>> item_bytes;
+    std::vector<dh::step_write_item> items;
+    item_bytes.reserve(tags.size() * kSources);
+    for (const auto& [id, tag] : tags) {
+      const std::size_t e = entries[k++];
+      if (rng() % 6 == 0) continue;  // padding this step
+      for (std::size_t s = 0; s < kSources; ++s) {
+        const std::size_t count = rng() % 5 == 0 ? 1 + rng() % kMaxRows : (rng() % 8 == 0 ? 0 : 1);
+        w.set(e, static_cast<std::int32_t>(hh.slot_of(id)), s, count, tag, frontier[id][s]);
+        item_bytes.push_back(w.item_rows(s, e));
+        items.push_back({id, s, item_bytes.back(), count});
+        frontier[id][s] += static_cast<std::int64_t>(count);
+      }
+    }
+    w.upload(stream);
+    const bool inline_host = step % 5 == 4;  // backup == stream: write-through in the critical launch
+    ch.append_step(w.view(), inline_host ? stream : backup, stream);
+    REQUIRE(ch.backup_pending() == !inline_host);
+    hh.append_step(items);
+    ch.check_errors(stream);
+    if (step % 3 == 0) {  // an eager resolve fetches from the host store: it joins the backup first
+      const std::size_t rs = static_cast<std::size_t>(step % 2);
+      const bool any = std::any_of(tags.begin(), tags.end(), [&](const auto& t) { return hh.frontier(t.first, rs) > 0; });
+      resolve_both(ch, hh, rs, tags, rng, stream);
+      if (any) REQUIRE_FALSE(ch.backup_pending());
+    }
+    if (step % 40 == 39) {
+      ch.join_backup(stream);
+      REQUIRE_FALSE(ch.backup_pending());
+      ch.sync_books(stream);
+      compare_books(ch, hh, tags, frontier, "step " + std::to_string(step));
+      compare_pools(ch, hh, "step " + std::to_string(step));
+      const request_id gone = tags.begin()->first;  // completion and admission between steps
+      ch.complete(gone, stream);
+      hh.complete(gone);
+      tags.erase(gone);
+      frontier.erase(gone);
+      admit();
+      for (std::size_t s = 0; s < kSources; ++s) REQUIRE(ch.free_host_pages(s) == hh.free_host_pages(s));
+    }
+  }
+  // host_row waits for a pending backup by itself (no join_backup before reading).
+  ch.sync_books(stream);
+  compare_books(ch, hh, tags, frontier, "end");
+  compare_pools(ch, hh, "end");
+  DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("bad step-wide (source, entry) pairs are untouched, the others proceed, check_errors names them",
+          "[gpu][writes][step]") {
+  require_device();
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  CH ch(config(), stream);
+  for (request_id id : {1, 2, 3}) REQUIRE(ch.admit(id, stream).admitted);
+  ch.reserve_ahead(8, stream);  // pages cover rows [0, 64)
+  step_buffers w;
+  const auto good_slot = static_cast<std::int32_t>(ch.slot_of(1));
+  const auto other = static_cast<std::int32_t>(ch.slot_of(2));
+  struct bad_case {
+    const char* what;
+    std::int32_t slot;
+    std::size_t rows;  // on source 1 only; source 0 of the same entry writes 1 row
+    dh::errc code;
+  };
+  const std::array<bad_case, 3> cases{{
+      {"slot without a request", 7, 1, dh::errc::unknown_request},
+      {"row count above the view's max_rows", other, kMaxRows + 1, dh::errc::size_mismatch},
+      {"rows past the reservation", other, 65, dh::errc::capacity_exceeded},
+  }};
+  std::int64_t good_rows = 0, other_rows0 = 0;
+  for (const auto& c : cases) {
+    INFO(c.what);
+    w.clear();
+    w.set(0, good_slot, 0, 1, request_tag(1), good_rows);
+    w.set(0, good_slot, 1, 1, request_tag(1), good_rows);
+    // (source 0, entry 3) is good only in the size_mismatch case (max_rows stays kMaxRows there,
+    // so entry 3's buffer rows exist; with max_rows 100 they would lie past the buffers)
+    const bool good0 = c.code == dh::errc::size_mismatch;
+    w.set(3, c.slot, 0, good0 ? 1 : 0, request_tag(2), other_rows0);
+    w.set(3, c.slot, 1, std::min<std::size_t>(c.rows, kMaxRows), request_tag(2), 0);
+    w.h_rows[1 * N + 3] = static_cast<std::int32_t>(c.rows);
+    w.upload(stream);
+    dhc::kv_step_write_view v = w.view();
+    if (c.code == dh::errc::capacity_exceeded) v.max_rows = 100;  // only the reservation stops it
+    ch.append_step(v, backup, stream);
+    // check_errors throws one source's first bad pair per call and clears that record: an unknown
+    // slot is bad on both sources (source 0 first), the other cases on source 1 only.
+    std::vector<std::string> thrown;
+    for (std::size_t i = 0; i <= kSources; ++i) {
+      try {
+        ch.check_errors(stream);
+        break;
+      } catch (const dh::error& e) {
+        INFO(e.what());
+        REQUIRE(e.code() == c.code);
+        thrown.emplace_back(e.what());
+      }
+    }
+    if (c.code == dh::errc::unknown_request) {
+      REQUIRE(thrown.size() == 2);
+      REQUIRE(thrown[0].find("source 0") != std::string::npos);
+      REQUIRE(thrown[1].find("source 1") != std::string::npos);
+    } else {
+      REQUIRE(thrown.size() == 1);
+      REQUIRE(thrown[0].find("source 1") != std::string::npos);
+    }
+    ch.check_errors(stream);  // every record is cleared
+    ++good_rows;
+    if (good0) ++other_rows0;
+    ch.join_backup(stream);
+    for (std::size_t s = 0; s < kSources; ++s) REQUIRE(ch.frontier(1, s) == good_rows);
+    REQUIRE(ch.frontier(2, 0) == other_rows0);
+    REQUIRE(ch.frontier(2, 1) == 0);  // the bad pair is untouched
+    REQUIRE(ch.frontier(3, 0) == 0);
+    for (std::size_t s = 0; s < kSources; ++s)
+      REQUIRE(row_matches(ch.host_row(1, s, 0, good_rows - 1), request_tag(1), s, 0, good_rows - 1));
+  }
+  // Host checks of the view itself.
+  dhc::kv_step_write_view bad = w.view();
+  bad.capacity = N + 1;
+  REQUIRE_THROWS_AS(ch.append_step(bad, backup, stream), dh::size_mismatch);
+  bad = w.view();
+  bad.row_stride = 576;  // below the widest row (656)
+  REQUIRE_THROWS_AS(ch.append_step(bad, backup, stream), dh::size_mismatch);
+  bad = w.view();
+  bad.rows_pitch = N - 1;
+  REQUIRE_THROWS_AS(ch.append_step(bad, backup, stream), dh::size_mismatch);
+  bad = w.view();
+  bad.layer_rows = nullptr;
+  REQUIRE_THROWS_AS(ch.append_step(bad, backup, stream), dh::size_mismatch);
+  ch.join_backup(stream);
+  DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("step-wide commits equal the host twin; an unverified (source, entry) is reported", "[gpu][writes][step][speculative]") {
+  require_device();
+  constexpr std::size_t KB = 4;
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  CH ch(step_config(KB), stream);
+  HH hh(step_config(KB));
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> positions;
+  for (request_id id = 1; id <= 6; ++id) {
+    REQUIRE(ch.admit(id, stream).slot == hh.admit(id).slot);
+    tags[id] = request_tag(id, 5);
+    positions[id] = {0, 0};
+  }
+  dhc::device_buffer<std::int32_t> d_slots(N), d_accepted(N);
+  std::mt19937_64 rng(77);
+  for (int round = 0; round < 100; ++round) {
+    if (round % 4 == 0) {
+      ch.reserve_ahead(4 * KB, stream);
+      hh.reserve_ahead(4 * KB);
+    }
+    std::vector<std::int32_t> slots(N, -1), accepted(N, 0);
+    std::vector<dh::step_commit_item> items;
+    std::size_t e = 0;
+    for (const auto& [id, tag] : tags) {
+      const std::size_t at = e++;
+      if (rng() % 5 == 0) continue;  // not committing this round
+      const std::size_t count = 1 + rng() % KB, kr = 1 + rng() % count, acc = rng() % kr;
+      for (std::size_t s = 0; s < kSources; ++s) {  // a round on every source: one accepted count
+        const auto& d = Layout::sources[s];
+        const auto rows =
+            dhisparse_testing::make_append_buffer(tag, s, d.payload_layers, d.row_bytes, hh.frontier(id, s), count);
+        ch.stage_block(id, s, rows, count, stream);
+        hh.stage_block(id, s, rows, count);
+        std::vector<dhc::verify_query> cq(kr);
+        dhc::verify_batch_item ci{id, cq};
+        ch.verify(s, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+        std::vector<std::vector<row_index>> q(kr);
+        std::vector<std::vector<location>> ql(kr);
+        std::vector<std::span<const row_index>> qs(q.begin(), q.end());
+        std::vector<std::span<location>> ls(ql.begin(), ql.end());
+        const dh::verify_item hi{id, qs, ls};
+        hh.verify(s, std::span<const dh::verify_item>(&hi, 1));
+        items.push_back({id, s, acc});
+        positions[id][s] += static_cast<std::int64_t>(acc) + 1;
+      }
+      slots[at] = static_cast<std::int32_t>(hh.slot_of(id));
+      accepted[at] = static_cast<std::int32_t>(acc);
+    }
+    DHTEST_CUDA(cudaMemcpyAsync(d_slots.data(), slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+    DHTEST_CUDA(cudaMemcpyAsync(d_accepted.data(), accepted.data(), N * 4, cudaMemcpyHostToDevice, stream));
+    ch.commit_step(dhc::commit_step_view{d_slots.data(), d_accepted.data(), N}, round % 3 == 2 ? stream : backup,
+                   stream);
+    DHTEST_CUDA(cudaStreamSynchronize(stream));  // `slots` / `accepted` are pageable and go out of scope
+    hh.commit_step(items);
+    ch.check_errors(stream);
+  }
+  ch.join_backup(stream);
+  ch.sync_books(stream);
+  compare_books(ch, hh, tags, positions, "after step-wide commits");
+  compare_pools(ch, hh, "after step-wide commits");
+
+  // Request 1 verified on source 0 only: its source-1 pair fails, its source-0 pair commits.
+  ch.reserve_ahead(8, stream);  // the last rounds may have used up the reservation
+  const request_id a = 1;
+  const auto rows = dhisparse_testing::make_append_buffer(tags[a], 0, 2, 576, hh.frontier(a, 0), 2);
+  ch.stage_block(a, 0, rows, 2, stream);
+  std::vector<dhc::verify_query> cq(2);
+  dhc::verify_batch_item ci{a, cq};
+  ch.verify(0, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+  const std::array<std::int32_t, 1> s1{static_cast<std::int32_t>(ch.slot_of(a))};
+  const std::array<std::int32_t, 1> a1{1};
+  DHTEST_CUDA(cudaMemcpy(d_slots.data(), s1.data(), 4, cudaMemcpyHostToDevice));
+  DHTEST_CUDA(cudaMemcpy(d_accepted.data(), a1.data(), 4, cudaMemcpyHostToDevice));
+  const auto before0 = ch.positions(a, 0), before1 = ch.positions(a, 1);
+  ch.commit_step(dhc::commit_step_view{d_slots.data(), d_accepted.data(), 1}, backup, stream);
+  bool thrown = false;
+  try {
+    ch.check_errors(stream);
+  } catch (const dh::error& e) {
+    thrown = true;
+    INFO(e.what());
+    REQUIRE(e.code() == dh::errc::commit_without_verify);
+  }
+  REQUIRE(thrown);
+  ch.join_backup(stream);
+  REQUIRE(ch.positions(a, 0) == before0 + 2);
+  REQUIRE(ch.positions(a, 1) == before1);
+  for (std::int64_t r = before0; r < before0 + 2; ++r)
+    for (std::size_t l = 0; l < 2; ++l) REQUIRE(row_matches(ch.host_row(a, 0, l, r), tags[a], 0, l, r));
+  DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("the CUDA manager's append_step fills completed pages under a pinning policy, after the backup",
+          "[gpu][writes][step][residency]") {
+  require_device();
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  dh::hierarchy_config c = config();
+  c.max_rows = 256;  // 4 pinned pages a request and source
+  c.optional_pages = 16;
+  dhc::residency_manager<CH, dh::resident_policy> m(c, {1, 1}, stream);
+  const std::array<request_id, 2> ids{1, 2};
+  for (request_id id : ids) REQUIRE(m.admit(id));
+  m.reserve_ahead(c.max_rows);
+  step_buffers w;
+  std::array<std::int64_t, 2> f{0, 0};  // the same on both sources
+  for (int step = 0; step < 40; ++step) {  // 4 rows a step: page 0 completes at step 15, page 1 at 31
+    w.clear();
+    for (std::size_t e = 0; e < ids.size(); ++e)
+      for (std::size_t s = 0; s < kSources; ++s)
+        w.set(e, static_cast<std::int32_t>(m.hierarchy().slot_of(ids[e])), s, kMaxRows, request_tag(ids[e], 9), f[e]);
+    w.upload(stream);
+    m.append_step(w.view(), backup);  // the fills read host rows the backup wrote: joined first
+    for (auto& x : f) x += static_cast<std::int64_t>(kMaxRows);
+  }
+  m.drain();
+  REQUIRE(m.audit().empty());
+  const auto& h = m.hierarchy();
+  for (std::size_t e = 0; e < ids.size(); ++e)
+    for (std::size_t s = 0; s < kSources; ++s) {
+      REQUIRE(h.frontier(ids[e], s) == f[e]);
+      const auto map = h.optional_map_of(ids[e], s);
+      const std::size_t rb = Layout::sources[s].row_bytes;
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+        std::vector<std::byte> pool(h.pool_rows() * rb);
+        h.copy_pool(s, l, pool);
+        for (std::size_t page = 0; page < static_cast<std::size_t>(f[e]) / Layout::page_rows; ++page) {
+          INFO("request " << ids[e] << " source " << s << " layer " << l << " page " << page);
+          REQUIRE(map[page] >= 0);  // every complete page is mapped, as append maps it
+          for (std::size_t i = 0; i < Layout::page_rows; ++i) {
+            const auto r = static_cast<std::int64_t>(page * Layout::page_rows + i);
+            const location loc = h.space().optional(static_cast<std::size_t>(map[page]), r);
+            REQUIRE(row_matches(std::span<const std::byte>(pool.data() + static_cast<std::size_t>(loc) * rb, rb),
+                                request_tag(ids[e], 9), s, l, r));
+          }
+        }
+      }
+    }
+  DHTEST_CUDA(cudaStreamDestroy(backup));
   DHTEST_CUDA(cudaStreamDestroy(stream));
 }

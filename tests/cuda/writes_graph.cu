@@ -225,3 +225,216 @@ TEST_CASE("write + resolve captured in one graph replay for 1,200 steps with chu
   DHTEST_CUDA(cudaGraphDestroy(graph));
   DHTEST_CUDA(cudaStreamDestroy(stream));
 }
+
+namespace {
+
+constexpr std::size_t kStepLayers = CH::step_layers;  // (source 0: 2) + (source 1: 1)
+
+/// Pinned staging and device buffers of a step-wide write: slots [N], counts [S][N] (rows_pitch N),
+/// then one row buffer per (source, payload layer) at step_layer_index.
+struct step_write {
+  static constexpr std::size_t off_slots = 0, off_rows = 64, off_layers = 256;
+  dhc::pinned_buffer host;
+  dhc::device_buffer<std::byte> dev;
+  dhc::device_buffer<const std::byte*> layer_ptrs{kStepLayers};
+  std::array<std::size_t, kStepLayers> off_layer{};
+  std::size_t bytes = 0;
+
+  step_write() {
+    std::size_t at = off_layers;
+    for (std::size_t s = 0; s < S; ++s)
+      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+        off_layer[CH::step_layer_index(s, l)] = at;
+        at += N * kMaxRows * Layout::sources[s].row_bytes;
+      }
+    bytes = at;
+    host = dhc::pinned_buffer(bytes);
+    dev = dhc::device_buffer<std::byte>(bytes);
+    std::vector<const std::byte*> ptrs(kStepLayers);
+    for (std::size_t i = 0; i < kStepLayers; ++i) ptrs[i] = dev.data() + off_layer[i];
+    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), kStepLayers * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  std::int32_t* slots() { return reinterpret_cast<std::int32_t*>(host.span().data() + off_slots); }
+  std::int32_t* rows(std::size_t s) { return reinterpret_cast<std::int32_t*>(host.span().data() + off_rows) + s * N; }
+  std::byte* row(std::size_t s, std::size_t l, std::size_t e, std::size_t i) {
+    return host.span().data() + off_layer[CH::step_layer_index(s, l)] + (e * kMaxRows + i) * Layout::sources[s].row_bytes;
+  }
+  dhc::kv_step_write_view view() const {
+    dhc::kv_step_write_view v;
+    v.slots = reinterpret_cast<const std::int32_t*>(dev.data() + off_slots);
+    v.rows = reinterpret_cast<const std::int32_t*>(dev.data() + off_rows);
+    v.rows_pitch = N;
+    v.layer_rows = layer_ptrs.data();
+    v.max_rows = kMaxRows;
+    v.capacity = N;
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("step-wide write with the backup forked and joined, plus resolves, in one graph for 1,000 steps",
+          "[gpu][writes][graph][step]") {
+  require_device();
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  dh::hierarchy_config cfg;
+  cfg.max_requests = N;
+  cfg.max_rows = 4096;
+  cfg.tail_rows = 8;  // rows leave the window within a few steps: later resolves read their host copies
+  cfg.optional_pages = 8;
+  CH ch(cfg, stream);
+  step_write w;
+  std::array<source_step, S> st{source_step(2, 576), source_step(1, 656)};  // resolve batches only
+
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, S>> frontier;
+  std::mt19937_64 rng(0x2323);
+  request_id next = 1;
+  auto admit = [&] {
+    const request_id id = next++;
+    REQUIRE(ch.admit(id, stream).admitted);
+    tags[id] = request_tag(id, 2);
+    frontier[id] = {0, 0};
+  };
+  for (std::size_t i = 0; i < N - 1; ++i) admit();
+  ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DHTEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ch.append_step(w.view(), backup, stream);  // critical launch on `stream`, backup forked onto `backup`
+  REQUIRE(ch.backup_pending());
+  for (std::size_t s = 0; s < S; ++s) ch.resolve(s, st[s].resolve_view(), stream);  // not behind the backup
+  ch.join_backup(stream);  // the capture cannot end with the backup stream unjoined
+  REQUIRE_FALSE(ch.backup_pending());
+  DHTEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  DHTEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::size_t nodes = 0;
+  DHTEST_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  REQUIRE(nodes >= 1 + 1 + S);  // the critical write, the backup, the resolves
+
+  constexpr int kGraphSteps = 1000;
+  std::size_t checked = 0;
+  for (int step = 0; step < kGraphSteps; ++step) {
+    if (step % kChurnEvery == kChurnEvery - 1) {
+      auto it = tags.begin();
+      std::advance(it, static_cast<long>(rng() % tags.size()));
+      const request_id gone = it->first;
+      ch.complete(gone, stream);
+      tags.erase(gone);
+      frontier.erase(gone);
+      admit();
+      ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+    }
+    if (step % kReserveEvery == 0) ch.reserve_ahead(kReserveEvery * kMaxRows, stream);
+
+    std::vector<std::size_t> order(N);
+    for (std::size_t e = 0; e < N; ++e) order[e] = e;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (std::size_t e = 0; e < N; ++e) {
+      w.slots()[e] = -1;
+      for (std::size_t s = 0; s < S; ++s) w.rows(s)[e] = 0;
+    }
+    std::array<std::vector<std::pair<request_id, std::size_t>>, S> resolved;
+    std::array<std::size_t, S> count{};
+    std::size_t k = 0;
+    for (const auto& [id, tag] : tags) {
+      const std::size_t e = order[k++];
+      w.slots()[e] = static_cast<std::int32_t>(ch.slot_of(id));
+      for (std::size_t s = 0; s < S; ++s) {
+        auto& x = st[s];
+        const std::size_t rows = rng() % 10 == 0 ? 0 : (rng() % 7 == 0 ? 2 : 1);
+        w.rows(s)[e] = static_cast<std::int32_t>(rows);
+        for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+          for (std::size_t i = 0; i < rows; ++i)
+            fill_row(w.row(s, l, e, i), Layout::sources[s].row_bytes, tag, s, l,
+                     frontier[id][s] + static_cast<std::int64_t>(i));
+        frontier[id][s] += static_cast<std::int64_t>(rows);
+        const std::int64_t f = frontier[id][s];
+        if (f == 0) continue;
+        const std::size_t len = 1 + rng() % K;
+        auto* sel = x.h<row_index>(source_step::off_sel) + count[s] * K;
+        for (std::size_t i = 0; i < len; ++i) {
+          const auto pick = rng() % 4;
+          sel[i] = pick == 0   ? -1
+                   : pick == 1 ? static_cast<row_index>(f - 1 - static_cast<std::int64_t>(rng() % std::min<std::int64_t>(f, 20)))
+                               : static_cast<row_index>(rng() % static_cast<std::uint64_t>(f));
+        }
+        x.h<std::int32_t>(source_step::off_rslots)[count[s]] = static_cast<std::int32_t>(ch.slot_of(id));
+        x.h<std::int32_t>(source_step::off_rlen)[count[s]] = static_cast<std::int32_t>(len);
+        resolved[s].emplace_back(id, count[s]);
+        ++count[s];
+      }
+    }
+    for (std::size_t s = 0; s < S; ++s) {
+      *st[s].h<std::uint32_t>(source_step::off_count) = static_cast<std::uint32_t>(count[s]);
+      DHTEST_CUDA(cudaMemcpyAsync(st[s].dev.data(), st[s].host.span().data(), st[s].bytes, cudaMemcpyHostToDevice, stream));
+    }
+    DHTEST_CUDA(cudaMemcpyAsync(w.dev.data(), w.host.span().data(), w.bytes, cudaMemcpyHostToDevice, stream));
+    DHTEST_CUDA(cudaGraphLaunch(exec, stream));
+    for (auto& x : st)
+      DHTEST_CUDA(cudaMemcpyAsync(x.h_locations.data(), x.locations.data(), N * K * sizeof(location),
+                                  cudaMemcpyDeviceToHost, stream));
+    ch.check_errors(stream);  // synchronises `stream`, which the graph joined the backup into
+    REQUIRE_FALSE(ch.backup_pending());
+
+    for (std::size_t s = 0; s < S; ++s) {
+      auto& x = st[s];
+      for (std::size_t l = 0; l < x.layers; ++l) {
+        std::vector<std::byte> pool(ch.pool_rows() * x.row_bytes);
+        ch.copy_pool(s, l, pool);
+        for (const auto& [id, e] : resolved[s]) {
+          const auto len = static_cast<std::size_t>(x.h<std::int32_t>(source_step::off_rlen)[e]);
+          const row_index* sel = x.h<row_index>(source_step::off_sel) + e * K;
+          for (std::size_t i = 0; i < len; ++i) {
+            const location loc = x.h_locations[e * K + i];
+            if (sel[i] < 0) {
+              REQUIRE(loc == dh::no_location);
+              continue;
+            }
+            REQUIRE(loc >= 0);
+            REQUIRE(static_cast<std::size_t>(loc) < ch.pool_rows());
+            const std::byte* got = pool.data() + static_cast<std::size_t>(loc) * x.row_bytes;
+            if (first_mismatch(got, x.row_bytes, tags[id], s, l, sel[i]) != x.row_bytes) {
+              INFO("step " << step << " source " << s << " layer " << l << " request " << id << " selection entry "
+                           << i << " row " << sel[i] << " (frontier " << frontier[id][s] << ") at location " << loc);
+              REQUIRE(false);
+            }
+            ++checked;
+          }
+        }
+      }
+    }
+    if (step % 100 == 99) {  // every host copy is there after each replay (the graph joined its backup)
+      ch.sync_books(stream);
+      for (const auto& [id, tag] : tags)
+        for (std::size_t s = 0; s < S; ++s)
+          for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+            for (std::int64_t r = 0; r < frontier[id][s]; ++r) {
+              const auto row = ch.host_row(id, s, l, r);
+              if (first_mismatch(row.data(), row.size(), tag, s, l, r) != row.size()) {
+                INFO("step " << step << " request " << id << " source " << s << " layer " << l << " host row " << r);
+                REQUIRE(false);
+              }
+            }
+    }
+  }
+  INFO("resolved rows checked: " << checked);
+  REQUIRE(checked > 500'000);
+  ch.sync_books(stream);
+  for (const auto& [id, tag] : tags)
+    for (std::size_t s = 0; s < S; ++s) REQUIRE(ch.frontier(id, s) == frontier[id][s]);
+
+  // The same step eagerly: the backup stays pending until something joins it.
+  ch.append_step(w.view(), backup, stream);  // replays the last contents once more, eagerly
+  REQUIRE(ch.backup_pending());
+  ch.join_backup(stream);
+  REQUIRE_FALSE(ch.backup_pending());
+  DHTEST_CUDA(cudaStreamSynchronize(stream));
+  DHTEST_CUDA(cudaGraphExecDestroy(exec));
+  DHTEST_CUDA(cudaGraphDestroy(graph));
+  DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}

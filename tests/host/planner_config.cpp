@@ -247,9 +247,10 @@ TEST_CASE("planned config: the GPU budget bounds the optional pool", "[planner][
   // Metadata per source: hot row (4 B) + LRU order (2 B) per way, 8 B per history page, 2 B per history
   // row; 4 B of live flag per slot.
   CHECK(b.cuda_metadata_bytes == 21 * (8ull * 4096 * 6 + 8ull * 1563 * 8 + 8ull * 100'000 * 2) + 8 * 4);
-  // Workspace per source: two copy plans of N * k 16-byte entries, and the error books of batched
-  // writes and commits (a 256 B control block and N 32 B records each, in 256 B pieces).
-  CHECK(b.cuda_workspace_bytes == 21 * (2ull * 8 * 2048 * 16 + 2 * (256 + 256)));
+  // Workspace per source: two copy plans of N * k 16-byte entries, and the write state: a 512 B
+  // step-table entry, the error books of writes and commits (a 256 B control block and N 32 B
+  // records each) and the backup work list (N 16 B items), in 256 B pieces.
+  CHECK(b.cuda_workspace_bytes == 21 * (2ull * 8 * 2048 * 16 + 512 + 2 * (256 + 256) + 256));
   CHECK(p.gpu_bytes_left == in.gpu_bytes - b.cuda_device_bytes);
   // A larger budget maps more pages, up to the need.
   in.gpu_bytes *= 64;

@@ -132,6 +132,12 @@ class hierarchy {
   static constexpr std::size_t top_k = Layout::top_k;
   /// p: rows per history page.
   static constexpr std::size_t page_rows = Layout::page_rows;
+  /// Row buffers of a step-wide write: one per (source, payload layer) (`kv_step_write_view`).
+  static constexpr std::size_t step_layers = dhisparse::step_layers<Layout>;
+  /// Index of payload layer `l` of source `s` in `kv_step_write_view::layer_rows`.
+  static constexpr std::size_t step_layer_index(std::size_t s, std::size_t l) {
+    return dhisparse::step_layer_index<Layout>(s, l);
+  }
   /// Threads per CTA of the fused resolver.
   static constexpr int block_threads = DHISPARSE_CUDA_RESOLVE_BLOCK;
   /// Compile-time shape of the fused resolver for this block size, top_k and B.
@@ -151,7 +157,7 @@ class hierarchy {
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
     r.device_bytes += staging_arena_bytes(c);
-    r.device_bytes += sources * write_state_bytes(c.max_requests);  // batched write/commit error books
+    r.device_bytes += write_state_bytes(c.max_requests);  // step table, write/commit error books, backup work lists
     r.pinned_bytes += sources * mirror_bytes(c.max_requests);       // frontiers the host absorbs
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
     if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
@@ -449,9 +455,10 @@ class hierarchy {
     return src_[source].books.reserved_rows(registry_.slot(id));
   }
 
-  /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (one CTA per
-  /// entry) writes each entry's rows into the tail ring of every payload layer and through to the
-  /// mapped host store, then publishes the device frontier (and a pinned mirror of it for
+  /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (the
+  /// step-wide kernel over this source: one CTA of 1-8 warps per entry) writes each entry's rows
+  /// into the tail ring of every payload layer and through to the mapped host store (inline: no
+  /// backup to join), then publishes the device frontier (and a pinned mirror of it for
   /// `sync_books`). Reads only device memory, allocates nothing, fixed launch shape: capturable.
   /// Entries are checked on the device (kv_write.cuh); a bad one is left untouched and thrown by
   /// `check_errors`. Rows must lie within the request's reservation (`reserve_rows`). On a
@@ -466,11 +473,88 @@ class hierarchy {
     if (batch.row_stride != 0 && (batch.row_stride < rb || batch.row_stride % 16 != 0))
       throw size_mismatch("kv_write_view row_stride " + std::to_string(batch.row_stride) +
                           " must be 0 or a multiple of 16 of at least the row's " + std::to_string(rb) + " bytes");
-    auto& src = src_[source];
-    DHISPARSE_CUDA_TRY(detail::launch_batched_write(src.view, src.wws, batch, src.vws, src.mirror_view, stream));
-    src.device_writes = true;
+    join_backup(stream);  // a later write joins the backup of the last one (its ring rows may be overwritten)
+    const detail::write_args a{batch.slots,      batch.rows, batch.first,    batch.layer_rows, batch.row_stride,
+                               0u,               batch.max_rows, batch.capacity, false};
+    DHISPARSE_CUDA_TRY(detail::launch_step_write(step_table_, static_cast<unsigned>(source), 1u, a, true,
+                                                 detail::write_warps(batch.max_rows, vectors_of(source)), stream));
+    src_[source].device_writes = true;
     device_writes_ = true;
   }
+
+  /// Writes one step's new rows of every request on EVERY source in ONE launch (one CTA of 1-8
+  /// warps per (source, entry), sized by the row bytes), with the per-source append's checks and
+  /// errors made per (source, entry) (kv_write.cuh; `check_errors` throws them as it throws the
+  /// per-source append's). The critical launch on `stream` writes the tail rings, the rows that
+  /// fall outside the tail window straight to the host store, the frontiers and their pinned
+  /// mirror; the host copy of the window rows is made by a backup launch on `backup`, forked from
+  /// `stream` after the critical launch and joined by `join_backup` (events: record and wait
+  /// nodes under stream capture). Until it is joined, every row not ready on the GPU already has
+  /// its host copy (the rows being backed up are in the tail window, which resolves read on the
+  /// GPU), so a resolve need not wait for it. `backup == stream`: the critical launch writes
+  /// through to the host store itself (inline, one launch). Any later write, and every call that
+  /// reads or frees the host store (the eager calls that absorb the books: complete, imports,
+  /// optional-history mapping, eager resolves and verifies, `host_row`), joins first on its own
+  /// stream. Capturable: reads only device memory, allocates nothing, fixed launch shape; a
+  /// capture must `join_backup` before it ends (CUDA refuses to end a capture with a forked
+  /// stream unjoined). `backup` must not be the legacy default stream when `stream` is captured.
+  void append_step(const kv_step_write_view& batch, cudaStream_t backup, cudaStream_t stream) {
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.rows == nullptr || batch.layer_rows == nullptr)
+      throw size_mismatch("kv_step_write_view needs device slots, rows and layer_rows");
+    check_view_capacity(batch.capacity, "kv_step_write_view");
+    const std::size_t widest = widest_row_bytes<Layout>();
+    if (batch.row_stride != 0 && (batch.row_stride < widest || batch.row_stride % 16 != 0))
+      throw size_mismatch("kv_step_write_view row_stride " + std::to_string(batch.row_stride) +
+                          " must be 0 or a multiple of 16 of at least the widest row's " + std::to_string(widest) +
+                          " bytes");
+    if (batch.rows_pitch != 0 && batch.rows_pitch < batch.capacity)
+      throw size_mismatch("kv_step_write_view rows_pitch " + std::to_string(batch.rows_pitch) +
+                          " must be 0 or at least the capacity " + std::to_string(batch.capacity));
+    join_backup(stream);
+    const bool inline_host = backup == stream;
+    unsigned warps = 1;
+    for (std::size_t s = 0; s < sources; ++s) warps = std::max(warps, detail::write_warps(batch.max_rows, vectors_of(s)));
+    const detail::write_args a{batch.slots,      batch.rows,       batch.first,    batch.layer_rows, batch.row_stride,
+                               batch.rows_pitch, batch.max_rows, batch.capacity, true};
+    DHISPARSE_CUDA_TRY(detail::launch_step_write(step_table_, 0u, static_cast<unsigned>(sources), a, inline_host,
+                                                 warps, stream));
+    for (auto& src : src_) src.device_writes = true;
+    device_writes_ = true;
+    if (!inline_host) fork_backup(batch.capacity, warps, backup, stream);
+  }
+
+  /// Makes `stream` wait for the pending host backup of the last step-wide write or commit (an
+  /// event wait; a wait node under capture), so what `stream` runs next sees complete host
+  /// copies. Nothing when none is pending. Eager: enqueues the wait and clears `backup_pending`.
+  /// Captured in the capture that forked the backup: joins it there (what a captured step must do
+  /// before its capture ends). A capture waiting for an eager backup waits on it as an external
+  /// event (at each replay, for its latest record) and leaves it pending for eager work. Throws
+  /// invalid_configuration when the backup was forked into another capture that is still open.
+  void join_backup(cudaStream_t stream) {
+    if (!backup_.pending) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    DHISPARSE_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
+    const bool cap = status == cudaStreamCaptureStatusActive;
+    if (!backup_.captured) {  // eager backup: real work in flight
+      DHISPARSE_CUDA_TRY(
+          cudaStreamWaitEvent(stream, backup_done_.get(), cap ? cudaEventWaitExternal : cudaEventWaitDefault));
+      if (!cap) backup_.pending = false;
+      return;
+    }
+    if (cap && id == backup_.capture_id) {
+      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, backup_done_.get(), cudaEventWaitDefault));
+      backup_.pending = false;
+      return;
+    }
+    if (capturing(backup_.stream))
+      throw invalid_configuration("join_backup: the host backup was forked into a stream capture that is still open; "
+                                  "join it on a stream of that capture before the capture ends");
+    backup_.pending = false;  // that capture ended (joined there, or it failed): nothing of it is in flight
+  }
+  /// True while a step-wide write or commit has a host backup that no stream has joined yet.
+  [[nodiscard]] bool backup_pending() const { return backup_.pending; }
 
   /// Brings the host books up to what the device did: synchronises `stream` (only it) and absorbs
   /// the frontiers (and partial rows, closing those rounds) that batched appends and commits
@@ -479,6 +563,7 @@ class hierarchy {
   /// reads the books between replays. Not capturable.
   void sync_books(cudaStream_t stream) {
     check_not_captured(stream, "sync_books");
+    join_backup(stream);  // the books then describe host copies that exist
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     const auto admitted = registry_.admitted();
     for (std::size_t s = 0; s < sources; ++s) {
@@ -515,6 +600,7 @@ class hierarchy {
                copy_layers mode = copy_layers::all) {
     check_source(source);
     check_not_capturing(stream, "resolve", "resolve(source, batch_view, stream)");
+    join_backup(stream);  // eager path: misses fetch from the host store (a captured resolve reads the window on the GPU)
     auto& src = src_[source];
     check_followers_copied(source, "resolved again");
     if (++stamp_epoch_ == 0) {
@@ -1140,7 +1226,7 @@ class hierarchy {
 
   /// Commits one speculative round of every entry of `batch` on one source, with the accepted
   /// counts read on the device (the engine's sampler writes them: no host round trip): ONE launch
-  /// (one CTA per entry) checks each entry's round (commit_without_verify, acceptance_beyond_block,
+  /// (the step-wide kernel over this source, inline host copy) checks each entry's round (commit_without_verify, acceptance_beyond_block,
   /// completed rows within the reservation: capacity_exceeded; recorded for `check_errors`, entry
   /// untouched), backs the completed rows up from the tail ring to the host store, and publishes
   /// the frontier and partial boundary row. The semantics of the per-request `commit`;
@@ -1151,10 +1237,34 @@ class hierarchy {
     if (batch.slots == nullptr || batch.accepted == nullptr)
       throw size_mismatch("commit_view needs device slots and accepted counts");
     check_view_capacity(batch.capacity, "commit_view");
-    auto& src = src_[source];
-    DHISPARSE_CUDA_TRY(detail::launch_batched_commit(src.view, src.cws, batch, src.vws, src.mirror_view, stream));
-    src.device_writes = true;
+    join_backup(stream);
+    DHISPARSE_CUDA_TRY(detail::launch_step_commit(step_table_, static_cast<unsigned>(source), 1u, batch, true,
+                                                  detail::write_warps(cfg_.max_block, vectors_of(source)), stream));
+    src_[source].device_writes = true;
     device_writes_ = true;
+  }
+
+  /// Commits one speculative round of every request on EVERY source in ONE launch, with the
+  /// accepted counts read on the device: the per-source `commit(source, commit_view, stream)` made
+  /// per (source, entry), with the same checks and errors. Rows the commit completes are in the
+  /// tail ring already; their host copy is made on `backup` as for `append_step` (rows outside the
+  /// window by the critical launch), joined by `join_backup`; `backup == stream`: inline.
+  /// Capturable; the same capture rules as `append_step`.
+  void commit_step(const commit_step_view& batch, cudaStream_t backup, cudaStream_t stream) {
+    check_speculative(0);
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.accepted == nullptr)
+      throw size_mismatch("commit_step_view needs device slots and accepted counts");
+    check_view_capacity(batch.capacity, "commit_step_view");
+    join_backup(stream);
+    const bool inline_host = backup == stream;
+    unsigned warps = 1;
+    for (std::size_t s = 0; s < sources; ++s) warps = std::max(warps, detail::write_warps(cfg_.max_block, vectors_of(s)));
+    DHISPARSE_CUDA_TRY(detail::launch_step_commit(step_table_, 0u, static_cast<unsigned>(sources), batch, inline_host,
+                                                  warps, stream));
+    for (auto& src : src_) src.device_writes = true;
+    device_writes_ = true;
+    if (!inline_host) fork_backup(batch.capacity, warps, backup, stream);
   }
 
   /// Stored rows a block of `count` positions covers on a request/source: what `stage_block`
@@ -1286,6 +1396,7 @@ class hierarchy {
     check_layer(source, layer);
     const std::size_t slot = registry_.slot(id);
     const auto& books = src_[source].books;
+    wait_backup_host();  // the row's bytes may still be on their way from the tail ring
     if (!src_[source].device_writes) return books.host_row(slot, layer, row);
     const std::int64_t f = device_frontier(id, source);  // the device leads; host pages are the books'
     if (row < 0 || row >= f)
@@ -1336,11 +1447,11 @@ class hierarchy {
     bool follower_plan_from_verify = false;  // pending follower copies replay the verify plan
     bool device_rounds = false;  // a verify over a device descriptor ran: the device books hold K_r
     // batched writes and commits over device descriptors (kv_write.cuh)
-    device_buffer<std::byte> write_state;  // error books of both kinds of batched launch
     detail::write_workspace_view wws{};    // batched appends
     detail::write_workspace_view cws{};    // batched commits
     pinned_buffer mirror;                  // frontiers and partial rows published by the kernels
     detail::books_mirror_view mirror_view{};  // device addresses of `mirror`
+    detail::backup_item* work = nullptr;      // backup work list of the last write or commit (write_state_)
     bool device_writes = false;            // a batched append or commit was enqueued: the device leads
   };
   struct offsets {
@@ -1439,7 +1550,11 @@ class hierarchy {
       arena_free_ = detail::unique_event(cudaEventDisableTiming);
     }
 
+    write_state_ = device_buffer<std::byte>(write_state_bytes(cfg_.max_requests));
+    backup_written_ = detail::unique_event(cudaEventDisableTiming);
+    backup_done_ = detail::unique_event(cudaEventDisableTiming);
     for (std::size_t s = 0; s < sources; ++s) build_source(s, adopted[s]);
+    build_step_table();
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
 
@@ -1800,35 +1915,87 @@ class hierarchy {
 
   // ---- batched writes and commits
   static constexpr std::size_t write_control_bytes = 256;  // one write_control, carver-aligned
-  /// Device bytes of one source's batched-launch error books: a control block and N records, twice.
+  static_assert(sizeof(detail::step_source<order_index>) <= detail::step_source_bytes,
+                "dhisparse::cuda: a step-table entry outgrew detail::step_source_bytes (and the planner's count)");
+  static constexpr std::size_t up256(std::size_t x) { return (x + 255) / 256 * 256; }
+  /// Bytes of one source's part of the write state after the step table: the error books of
+  /// writes and of commits (a control block and N records each), then N backup work items.
+  static std::size_t write_books_bytes(std::size_t slots) {
+    return 2 * (write_control_bytes + up256(slots * sizeof(entry_error))) + up256(slots * sizeof(detail::backup_item));
+  }
+  /// Device bytes of the one write-state allocation: the step table (one 512-byte entry per
+  /// source), then every source's error books and backup work list (planner: cuda_workspace_bytes).
   static std::size_t write_state_bytes(std::size_t slots) {
-    return 2 * (write_control_bytes + (slots * sizeof(entry_error) + 255) / 256 * 256);
+    return sources * (detail::step_source_bytes + write_books_bytes(slots));
   }
   /// Pinned bytes of one source's books mirror: N frontiers, then N partial rows.
   static std::size_t mirror_bytes(std::size_t slots) { return slots * (sizeof(std::int64_t) + sizeof(std::int32_t)); }
   [[nodiscard]] std::size_t mirror_partial_offset() const { return cfg_.max_requests * sizeof(std::int64_t); }
+  /// 16-byte vectors of one row over every payload layer of a source (sizes the write CTAs).
+  static constexpr std::uint64_t vectors_of(std::size_t s) {
+    return Layout::sources[s].payload_layers * (Layout::sources[s].row_bytes / 16);
+  }
   void build_write_state(std::size_t s) {
     auto& src = src_[s];
     const std::size_t n = cfg_.max_requests;
-    src.write_state = device_buffer<std::byte>(write_state_bytes(n));
-    std::byte* base = src.write_state.data();
-    const std::size_t half = write_state_bytes(n) / 2;
+    std::byte* at = write_state_.data() + sources * detail::step_source_bytes + s * write_books_bytes(n);
     const detail::write_control fresh{};
     for (int k = 0; k < 2; ++k) {
-      std::byte* at = base + k * half;
       detail::write_workspace_view& w = k == 0 ? src.wws : src.cws;
       w.control = reinterpret_cast<detail::write_control*>(at);
       w.sticky = reinterpret_cast<entry_error*>(at + write_control_bytes);
       w.capacity = static_cast<std::uint32_t>(n);
       DHISPARSE_CUDA_TRY(cudaMemcpyAsync(w.control, &fresh, sizeof(fresh), cudaMemcpyHostToDevice, stream_));
+      at += write_control_bytes + up256(n * sizeof(entry_error));
     }
+    src.work = reinterpret_cast<detail::backup_item*>(at);
+    DHISPARSE_CUDA_TRY(cudaMemsetAsync(src.work, 0, n * sizeof(detail::backup_item), stream_));  // nothing to back up
     src.mirror = pinned_buffer(mirror_bytes(n));
     std::memset(src.mirror.span().data(), 0, mirror_bytes(n));  // every slot: no rows
     src.mirror_view.frontier = reinterpret_cast<std::int64_t*>(src.mirror.device_data());
     src.mirror_view.partial = reinterpret_cast<std::int32_t*>(src.mirror.device_data() + mirror_partial_offset());
   }
+  /// Uploads the step table (every source's views, fixed from construction on) to the front of
+  /// the write state; the constructor synchronises before the host copy goes.
+  void build_step_table() {
+    std::vector<detail::step_source<order_index>> table(sources);
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& src = src_[s];
+      table[s].view = src.view;
+      table[s].wws = src.wws;
+      table[s].cws = src.cws;
+      table[s].vws = src.vws;
+      table[s].mirror = src.mirror_view;
+      table[s].work = src.work;
+      table[s].first_layer = static_cast<std::uint32_t>(step_layer_index(s, 0));
+    }
+    step_table_ = reinterpret_cast<detail::step_source<order_index>*>(write_state_.data());
+    for (std::size_t s = 0; s < sources; ++s)
+      DHISPARSE_CUDA_TRY(cudaMemcpy(write_state_.data() + s * detail::step_source_bytes, &table[s], sizeof(table[s]),
+                                    cudaMemcpyHostToDevice));
+  }
+  /// Forks the backup of the critical launch just enqueued on `stream` onto `backup` (record,
+  /// wait, launch, record: event nodes under capture) and marks it pending.
+  void fork_backup(std::uint32_t capacity, unsigned warps, cudaStream_t backup, cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    DHISPARSE_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
+    DHISPARSE_CUDA_TRY(cudaEventRecord(backup_written_.get(), stream));
+    DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(backup, backup_written_.get(), cudaEventWaitDefault));
+    DHISPARSE_CUDA_TRY(
+        detail::launch_backup_rows(step_table_, 0u, static_cast<unsigned>(sources), capacity, warps, backup));
+    DHISPARSE_CUDA_TRY(cudaEventRecord(backup_done_.get(), backup));
+    backup_ = {true, status == cudaStreamCaptureStatusActive, id, backup};
+  }
+  /// The host waits for an eager pending backup (readers of the host store without a stream).
+  void wait_backup_host() const {
+    if (!backup_.pending || backup_.captured) return;
+    DHISPARSE_CUDA_TRY(cudaEventSynchronize(backup_done_.get()));
+    backup_.pending = false;
+  }
   /// Absorbs what the device did when batched launches ran (sync_books); nothing otherwise.
   void absorb(cudaStream_t stream) {
+    join_backup(stream);  // what follows may read or free host rows that are still being backed up
     if (device_writes_) sync_books(stream);
   }
   /// The host books of a slot changed on the host: its mirror follows (nothing of it is in flight:
@@ -2055,6 +2222,18 @@ class hierarchy {
   std::vector<std::uint32_t> stamp_;
   std::uint32_t stamp_epoch_ = 0;
   std::array<source_state, sources> src_;
+  // step-wide writes: one allocation for the step table, error books and backup work lists
+  device_buffer<std::byte> write_state_;
+  detail::step_source<order_index>* step_table_ = nullptr;  // [sources] at the front of write_state_
+  detail::unique_event backup_written_;  // recorded on the write stream after a critical launch
+  detail::unique_event backup_done_;     // recorded on the backup stream after the backup launch
+  struct backup_state {
+    bool pending = false;             // forked and not yet joined
+    bool captured = false;            // forked inside a stream capture (not real work until replayed)
+    unsigned long long capture_id = 0;
+    cudaStream_t stream = nullptr;    // the backup stream
+  };
+  mutable backup_state backup_{};     // mutable: const host-store readers wait for an eager backup
 };
 
 }  // namespace dhisparse::cuda

@@ -46,4 +46,35 @@ struct commit_view {
   std::uint32_t capacity = 0;              ///< entries (at most max_requests)
 };
 
+/// New KV rows of one step on EVERY source of the layout (`hierarchy::append_step`): one launch
+/// writes them all. Entry e is one request (`slots[e]`, -1 = padding) and writes its new rows to
+/// each source; the checks and errors are those of `kv_write_view`, made per (source, entry): a
+/// bad (source, entry) is left untouched and recorded in that source's error books (what
+/// `check_errors` reads), the other pairs proceed.
+///
+/// Row i of entry e in payload layer l of source s is read at
+/// `layer_rows[step_layer_index<Layout>(s, l)] + (first + i) * stride`: one row buffer per
+/// (source, payload layer), `hierarchy::step_layers` of them, indexed by the constexpr
+/// `hierarchy::step_layer_index(s, l)`. `rows_pitch` 0: `rows[e]` (and `first[e]`) hold for every
+/// source; otherwise `rows[s * rows_pitch + e]` (and `first[...]` alike) give each source its own
+/// count, e.g. 0 on a packed source whose boundary row is not complete yet. `first` null: entry e
+/// starts at buffer row `e * max_rows`. `row_stride` 0: each buffer's own row_bytes; otherwise one
+/// stride, a multiple of 16 of at least the widest row, for every buffer.
+struct kv_step_write_view {
+  const std::int32_t* slots = nullptr;           ///< [capacity] request slot, -1 = padding
+  const std::int32_t* rows = nullptr;            ///< [capacity], or [sources][rows_pitch]: new rows, 0 .. max_rows
+  const std::int32_t* first = nullptr;           ///< as `rows`: first buffer row of each entry, or null
+  const std::byte* const* layer_rows = nullptr;  ///< [step_layers] device row buffers per (source, payload layer)
+  std::uint64_t row_stride = 0;                  ///< bytes between consecutive buffer rows (0: each row_bytes)
+  std::uint32_t rows_pitch = 0;                  ///< 0: one count per entry for all sources; else >= capacity
+  std::uint32_t max_rows = 1;                    ///< most rows one entry writes to one source
+  std::uint32_t capacity = 0;                    ///< entries (at most max_requests)
+};
+
+/// Accepted counts of one speculative round on EVERY source (`hierarchy::commit_step`): entry e
+/// commits the anchor and `accepted[e]` proposals of the last verified round of `slots[e]` on each
+/// source, checked per (source, entry) as `commit_view` is per entry. The same fields as
+/// `commit_view`: the sampler's accepted count of a request is the same for all its sources.
+using commit_step_view = commit_view;
+
 }  // namespace dhisparse::cuda

@@ -352,6 +352,33 @@ class residency_manager {
     after_append(b, source, before);
   }
 
+  /// Reserves host-store pages ahead of step-wide writes for every admitted request and source
+  /// (hierarchy::reserve_ahead on the step stream; all or nothing; not capturable).
+  void reserve_ahead(std::size_t rows_ahead) { h_.reserve_ahead(rows_ahead, step_); }
+
+  /// One step's new rows of every request on every source (`hierarchy::append_step` on the step
+  /// stream, the host backup on `backup`; `backup == step_stream()`: inline). Capturable without
+  /// a pinning policy. Under a pinning policy the pages the step completes are filled at once, as
+  /// `append` fills them: the counts are on the device, so the call then absorbs the books
+  /// (`sync_books`: synchronises the step stream) before and after the launch and cannot be captured.
+  void append_step(const kv_step_write_view& batch, cudaStream_t backup) {
+    if constexpr (traits::pins_history) {
+      h_.sync_books(step_);
+      std::vector<std::pair<request_books*, std::array<std::int64_t, sources>>> before;
+      for (auto& [seq, b] : by_seq_) {
+        std::array<std::int64_t, sources> f{};
+        for (std::size_t s = 0; s < sources; ++s) f[s] = h_.frontier(b.id, s);
+        before.emplace_back(&b, f);
+      }
+      h_.append_step(batch, backup, step_);
+      h_.sync_books(step_);
+      for (auto& [b, f] : before)
+        for (std::size_t s = 0; s < sources; ++s) after_append(*b, s, f[s]);
+    } else {
+      h_.append_step(batch, backup, step_);
+    }
+  }
+
   /// Completes a request: slot, host pages and required pages are released; its pool pages retire
   /// behind the slot reset on the step stream. Throws unknown_request for a request not admitted.
   void complete(request_id id) {
@@ -421,6 +448,7 @@ class residency_manager {
       bool any = false;
       for (const auto& bt : batch) any = any || bt.count > 0;
       if (!any) return;
+      h_.join_backup(step_);  // host rows of a step-wide write still on their way come first
       step_clock_.order_before(copy_stream_);  // behind the imports that wrote the pages
       for (std::size_t s = 0; s < sources; ++s) {
         DHISPARSE_CUDA_TRY(detail::launch_backup_pages(h_.view(s), batch[s], copy_stream_));
@@ -872,6 +900,7 @@ class residency_manager {
     bool any = false;
     for (const auto& bt : batch) any = any || bt.count > 0;
     if (!any) return;
+    h_.join_backup(step_);  // the fills read host rows: a pending step-wide backup comes first
     step_clock_.order_before(copy_stream_);
     for (std::size_t s = 0; s < sources; ++s) {
       if (batch[s].count == 0) continue;
@@ -906,6 +935,7 @@ class residency_manager {
       for (const auto& bt : backup) any = any || bt.count > 0;
       if (!any) return;
       if (!ordered) {
+        h_.join_backup(step_);
         step_clock_.order_before(copy_stream_);
         ordered = true;
       }

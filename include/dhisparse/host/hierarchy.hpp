@@ -313,6 +313,60 @@ class host_hierarchy {
     for (std::size_t b = 0; b < batch.size(); ++b) commit_checked(source, slots[b], batch[b].accepted);
   }
 
+  /// Appends the new rows of a whole step: every item is one (request, source), any sources in
+  /// any order. Equals the per-source batched `append` of each source's items, within the
+  /// reservations (nothing is allocated), and the executable spec of `cuda::hierarchy::append_step`.
+  /// All or nothing: every item is validated first (invalid_source, unknown_request, the same
+  /// (request, source) twice: duplicate_in_batch, rows past the reserved rows: capacity_exceeded,
+  /// byte count: size_mismatch), and on an error nothing changes. The host store is written at
+  /// once (the host backend has no backup to join).
+  void append_step(std::span<const step_write_item> batch) {
+    const auto slots = step_slots(batch, "append_step", [&](std::size_t slot, const step_write_item& item) {
+      const auto& d = Layout::sources[item.source];
+      const auto& books = src_[item.source].books;
+      const std::string who =
+          "append_step of request " + std::to_string(item.request) + " to source " + std::to_string(item.source);
+      const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
+      if (item.count > room)
+        throw capacity_exceeded(who + " of " + std::to_string(item.count) + " rows would pass its " +
+                                std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
+                                " left; reserve_rows first, at most max_rows)");
+      if (item.rows.size() != item.count * d.payload_layers * d.row_bytes)
+        throw size_mismatch(who + " got " + std::to_string(item.rows.size()) + " bytes for " +
+                            std::to_string(item.count) + " rows, expected " +
+                            std::to_string(item.count * d.payload_layers * d.row_bytes));
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      if (batch[b].count > 0) append_reserved(batch[b].source, slots[b], batch[b].rows, batch[b].count);
+  }
+
+  /// Commits the verified rounds of a whole step: every item is one (request, source). Equals the
+  /// per-source batched `commit` of each source's items (the executable spec of
+  /// `cuda::hierarchy::commit_step`). All or nothing: every item is validated first
+  /// (invalid_configuration without speculation, invalid_source, unknown_request, the same
+  /// (request, source) twice: duplicate_in_batch, commit_without_verify, acceptance_beyond_block,
+  /// completed rows past the reserved rows: capacity_exceeded), and on an error nothing changes.
+  void commit_step(std::span<const step_commit_item> batch) {
+    if (cfg_.max_block < 2) check_speculative(0);
+    const auto slots = step_slots(batch, "commit_step", [&](std::size_t slot, const step_commit_item& item) {
+      check_commit(item.request, item.source, slot, item.accepted);
+      const std::int64_t last = committed_rows_after(item.source, slot, item.accepted);
+      const auto& books = src_[item.source].books;
+      if (last > books.reserved_rows(slot))
+        throw capacity_exceeded("commit_step of request " + std::to_string(item.request) + " on source " +
+                                std::to_string(item.source) + " would reach row " + std::to_string(last) +
+                                ", past its " + std::to_string(books.reserved_rows(slot)) +
+                                " reserved rows (reserve_rows first)");
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b) commit_checked(batch[b].source, slots[b], batch[b].accepted);
+  }
+
+  /// The CUDA backend's `join_backup`: the host backend writes every host copy at once, so there is
+  /// never a backup to join (nothing happens). Lets a `step_handle` drive either backend.
+  void join_backup() const noexcept {}
+  /// Always false on the host backend (see `join_backup`).
+  [[nodiscard]] bool backup_pending() const noexcept { return false; }
+
   /// Resolves one request's selection on a source; see the file comment. Returns where entries came from.
   resolve_stats resolve(request_id id, std::size_t source, std::span<const row_index> selection,
                         std::span<location> locations, copy_layers mode = copy_layers::all) {
@@ -724,6 +778,28 @@ class host_hierarchy {
         throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice in one " + call +
                                  " batch");
       validate(slot, item);
+      slots.push_back(slot);
+    }
+    return slots;
+  }
+  /// Slots of a step-wide batch's items, validating each (invalid_source, unknown request, the
+  /// same (request, source) twice, then `validate(slot, item)`) before anything changes.
+  template <class Item, class Validate>
+  std::vector<std::size_t> step_slots(std::span<const Item> batch, const char* call, Validate&& validate) const {
+    std::vector<std::size_t> slots;
+    slots.reserve(batch.size());
+    std::vector<std::pair<std::size_t, std::size_t>> seen;  // (source, slot), sorted
+    seen.reserve(batch.size());
+    for (const auto& item : batch) {
+      check_source(item.source);
+      const std::size_t slot = registry_.slot(item.request);
+      const std::pair<std::size_t, std::size_t> key{item.source, slot};
+      const auto at = std::lower_bound(seen.begin(), seen.end(), key);
+      if (at != seen.end() && *at == key)
+        throw duplicate_in_batch("request " + std::to_string(item.request) + " appears twice on source " +
+                                 std::to_string(item.source) + " in one " + call + " batch");
+      validate(slot, item);
+      seen.insert(at, key);
       slots.push_back(slot);
     }
     return slots;

@@ -331,6 +331,30 @@ class residency_manager {
     }
   }
 
+  /// Reserves host-store pages ahead of step-wide writes for every admitted request and source
+  /// (host_hierarchy::reserve_ahead: all or nothing). The manager's books are not involved.
+  void reserve_ahead(std::size_t rows_ahead) { h_.reserve_ahead(rows_ahead); }
+
+  /// Appends a whole step's decode rows through the hierarchy (same contract and errors as
+  /// host_hierarchy::append_step: all or nothing). Under a pinning policy the pages the step
+  /// completes are mapped at once, as `append` maps them.
+  void append_step(std::span<const step_write_item> batch) {
+    std::vector<std::int64_t> before;
+    before.reserve(batch.size());
+    for (const auto& item : batch) {
+      books_of(item.request);  // unknown_request before anything changes
+      before.push_back(h_.frontier(item.request, item.source));
+    }
+    h_.append_step(batch);
+    if constexpr (traits::pins_history)
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        auto& b = books_of(batch[i].request);
+        const auto after = static_cast<std::size_t>(h_.frontier(batch[i].request, batch[i].source));
+        for (std::size_t page = static_cast<std::size_t>(before[i]) / page_rows; page < after / page_rows; ++page)
+          map_one(b, batch[i].source, page);
+      }
+  }
+
   /// Completes a request: its slot, host pages, optional pages and required pages are released.
   /// Throws unknown_request (state unchanged) for a request that is not admitted.
   void complete(request_id id) {

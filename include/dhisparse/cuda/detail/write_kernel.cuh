@@ -1,11 +1,17 @@
 #pragma once
 /// \file
-/// Batched step writes and speculative commits over device descriptors (kv_write.cuh): one CTA
-/// per descriptor entry, each validating its own entry on the device (so nothing is read on the
-/// host and the launch shape is fixed), then writing the new rows into the tail ring and through
-/// to the mapped host store, and publishing the frontier to the device books and to a pinned
-/// mirror the host absorbs later (`hierarchy::sync_books`). Bad entries are left untouched and
-/// recorded; the first one of the first failing launch is kept for `check_errors`.
+/// Step-wide writes and speculative commits over device descriptors (kv_write.cuh). One launch
+/// covers every (source, entry) pair of a step (the per-source `append`/`commit` are the same
+/// kernels over one source): one CTA of 1-8 warps per pair, sized by the pair's bytes, validates
+/// its own pair on the device (nothing is read on the host, the launch shape is fixed), writes the
+/// new rows into the tail ring and publishes the frontier to the device books and to a pinned
+/// mirror the host absorbs later (`hierarchy::sync_books`). The host backup copy of the rows that
+/// stay in the tail window is either written in the same launch (inline) or left in a work list
+/// that `backup_rows_kernel` copies on the engine's backup stream, off the critical path; rows
+/// outside the window are written to the host store by the critical launch, so every row that
+/// is not ready on the GPU has a host copy when the critical launch ends. Bad pairs are left
+/// untouched and recorded per source; the first one of the first failing launch is kept for
+/// `check_errors`.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -41,6 +47,43 @@ struct books_mirror_view {
   std::int32_t* partial = nullptr;   ///< [slots] committed positions of the boundary row
 };
 
+/// What a critical write leaves for the backup kernel: rows [first, first + rows) of `slot`, in
+/// the tail ring of every payload layer of the source, still to be copied to the host store.
+struct backup_item {
+  std::int32_t slot = -1;
+  std::uint32_t rows = 0;  ///< 0: nothing (padding, a bad entry, no new rows, or inline write-through)
+  std::int64_t first = 0;
+};
+static_assert(sizeof(backup_item) == 16);
+
+/// One source's entry of the step table (device memory, written once at construction): what the
+/// step-wide kernels need of every source. Fixed size, so the planner can count it.
+template <class OrderIndex>
+struct step_source {
+  source_view<OrderIndex> view;
+  write_workspace_view wws;   ///< error books of writes
+  write_workspace_view cws;   ///< error books of commits
+  verify_workspace_view vws;  ///< device round books (staged / verified / partial); null without speculation
+  books_mirror_view mirror;
+  backup_item* work = nullptr;    ///< [capacity] the backup work list of the last write or commit
+  std::uint32_t first_layer = 0;  ///< step_layer_index(s, 0)
+};
+inline constexpr std::size_t step_source_bytes = 512;  ///< bytes of one step-table entry (carved)
+
+/// The row buffers and counts of a write, common to `kv_write_view` (one source) and
+/// `kv_step_write_view` (every source).
+struct write_args {
+  const std::int32_t* slots = nullptr;
+  const std::int32_t* rows = nullptr;
+  const std::int32_t* first = nullptr;
+  const std::byte* const* layer_rows = nullptr;
+  std::uint64_t row_stride = 0;
+  std::uint32_t rows_pitch = 0;
+  std::uint32_t max_rows = 1;
+  std::uint32_t capacity = 0;
+  bool step_layers = false;  ///< layer_rows indexed by step_layer_index (true) or by the source's layer
+};
+
 /// Slot check shared by both kernels: status of entry `e` naming `slot` (0 when good). Every
 /// thread of the CTA calls it (the duplicate scan is spread over the CTA).
 template <class OrderIndex>
@@ -62,45 +105,44 @@ __device__ inline void record_entry_error(const write_workspace_view& ws, std::u
   if (key < atomicMin(&ws.control->first_error, key)) ws.sticky[e] = r;
 }
 
-/// Ends one CTA of a launch; the last one advances the epoch (launches never overlap: stream order).
+/// Ends one CTA of a launch; the last of a source's CTAs (gridDim.x per source) advances that
+/// source's epoch (launches on one source never overlap: stream order).
 __device__ inline void finish_write_cta(const write_workspace_view& ws) {
   if (threadIdx.x != 0) return;
   __threadfence();
-  const unsigned ctas = gridDim.x * gridDim.y;
-  if (atomicAdd(&ws.control->done, 1u) == ctas - 1) {
+  if (atomicAdd(&ws.control->done, 1u) == gridDim.x - 1) {
     ws.control->done = 0;
     atomicAdd(&ws.control->epoch, 1u);
   }
 }
 
-/// Copies `rows` x layers rows: unit (l, i) reads `in(l, i)` and writes the host copy of row
-/// first + i and, for the newest `tail_rows` of the slot after the write, its tail ring row.
-template <class OrderIndex, class Input>
-__device__ void write_rows(const source_view<OrderIndex>& src, unsigned slot, std::int64_t first, unsigned rows,
-                           std::int64_t last, Input in) {
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+/// Host-store address of row r of payload layer l of a slot (its page is reserved).
+template <class OrderIndex>
+__device__ int4* host_row_address(const source_view<OrderIndex>& src, unsigned slot, unsigned l, std::int64_t r) {
+  const std::int32_t hp =
+      src.host_page[static_cast<std::size_t>(slot) * src.pages_per_request + static_cast<std::size_t>(r) / src.page_rows];
+  return reinterpret_cast<int4*>(src.host_store + static_cast<std::uint64_t>(hp) * src.page_bytes +
+                                 (static_cast<std::uint64_t>(l) * src.page_rows +
+                                  static_cast<std::uint64_t>(r) % src.page_rows) *
+                                     src.row_bytes);
+}
+/// Tail-ring address of row r of payload layer l of a slot.
+template <class OrderIndex>
+__device__ int4* tail_row_address(const source_view<OrderIndex>& src, unsigned slot, unsigned l, std::int64_t r) {
+  return reinterpret_cast<int4*>(src.layer_pool[l] + static_cast<std::size_t>(src.space.tail(slot, r)) * src.row_bytes);
+}
+
+/// Calls `f(l, i, v)` for every 16-byte vector v of row i (< rows) of every payload layer l, spread
+/// evenly over all threads of the CTA (1-8 warps sized by the bytes: see write_warps).
+template <class OrderIndex, class F>
+__device__ void for_each_vector(const source_view<OrderIndex>& src, unsigned rows, F&& f) {
   const unsigned vecs = src.row_bytes / 16u;
-  const std::int64_t tail_begin = last - static_cast<std::int64_t>(src.tail_rows);
-  const unsigned units = rows * src.layers;
-  for (unsigned u = warp; u < units; u += warps) {
-    const unsigned l = u / rows, i = u - l * rows;
-    const std::int64_t r = first + i;
-    const int4* from = in(l, i, r);
-    const std::int32_t hp =
-        src.host_page[static_cast<std::size_t>(slot) * src.pages_per_request + static_cast<std::size_t>(r) / src.page_rows];
-    auto* host = reinterpret_cast<int4*>(src.host_store + static_cast<std::uint64_t>(hp) * src.page_bytes +
-                                         (static_cast<std::uint64_t>(l) * src.page_rows +
-                                          static_cast<std::uint64_t>(r) % src.page_rows) *
-                                             src.row_bytes);
-    int4* tail = nullptr;
-    const auto* tail_src = reinterpret_cast<const int4*>(
-        src.layer_pool[l] + static_cast<std::size_t>(src.space.tail(slot, r)) * src.row_bytes);
-    if (r >= tail_begin && from != tail_src) tail = const_cast<int4*>(tail_src);
-    for (unsigned v = lane; v < vecs; v += 32) {
-      const int4 x = from[v];
-      host[v] = x;
-      if (tail != nullptr) tail[v] = x;
-    }
+  const unsigned per_layer = rows * vecs;
+  const unsigned total = per_layer * src.layers;
+  for (unsigned x = threadIdx.x; x < total; x += blockDim.x) {
+    const unsigned l = x / per_layer, rest = x - l * per_layer;
+    const unsigned i = rest / vecs, v = rest - i * vecs;
+    f(l, i, v);
   }
 }
 
@@ -114,22 +156,30 @@ __device__ bool rows_reserved(const source_view<OrderIndex>& src, unsigned slot,
 }
 
 // --------------------------------------------------------------------------------------------
-// batched append: entry e's new rows into the tail ring and the host store, then its frontier
+// writes: one CTA per (source, entry); blockIdx.x = entry, blockIdx.y = source - source_begin
 
+/// The critical launch of a write. Each (source, entry) is checked as the per-source append
+/// checks an entry; a good one writes its new rows into the tail ring (rows inside the tail window
+/// [last - T, last)) and into the host store (rows outside the window; every row when `inline_host`),
+/// then publishes the frontier (device books and pinned mirror). Without `inline_host` it leaves
+/// the window rows in the backup work list for `backup_rows_kernel`.
 template <class OrderIndex>
-__global__ void __launch_bounds__(write_block_threads)
-    batched_write_kernel(source_view<OrderIndex> src, write_workspace_view ws, kv_write_view w,
-                         verify_workspace_view vws, books_mirror_view mirror) {
-  const unsigned e = blockIdx.y;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&ws.control->epoch);
+__global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned source_begin, write_args w,
+                                  bool inline_host) {
+  const unsigned e = blockIdx.x;
+  const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
+  const source_view<OrderIndex>& src = t.view;
+  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.wws.control->epoch);
   const std::int32_t slot = w.slots[e];
+  backup_item work{};
   if (slot >= 0) {
     entry_error r;
     r.slot = slot;
     r.epoch = epoch;
     r.code = check_entry_slot(src, w.slots, e, slot);
     r.value = slot;
-    const std::int32_t rows = w.rows[e];
+    const std::size_t at = static_cast<std::size_t>(blockIdx.y + source_begin) * w.rows_pitch + e;
+    const std::int32_t rows = w.rows[w.rows_pitch != 0 ? at : e];
     std::int64_t f = 0;
     if (r.code == status_ok) {
       f = src.frontier[slot];
@@ -143,42 +193,58 @@ __global__ void __launch_bounds__(write_block_threads)
       }
     }
     if (r.code != status_ok) {
-      if (threadIdx.x == 0) record_entry_error(ws, epoch, e, r);
+      if (threadIdx.x == 0) record_entry_error(t.wws, epoch, e, r);
     } else if (rows > 0) {
+      const auto s = static_cast<unsigned>(slot);
       const std::int64_t last = f + rows;
-      const std::size_t base = w.first != nullptr ? static_cast<std::size_t>(w.first[e])
+      const std::int64_t tail_begin = last - static_cast<std::int64_t>(src.tail_rows);
+      const std::size_t base = w.first != nullptr ? static_cast<std::size_t>(w.first[w.rows_pitch != 0 ? at : e])
                                                   : static_cast<std::size_t>(e) * w.max_rows;
       const std::uint64_t stride = w.row_stride != 0 ? w.row_stride : src.row_bytes;
-      write_rows(src, static_cast<unsigned>(slot), f, static_cast<unsigned>(rows), last,
-                 [&](unsigned l, unsigned i, std::int64_t) {
-                   return reinterpret_cast<const int4*>(w.layer_rows[l] + (base + i) * stride);
-                 });
+      const unsigned layer0 = w.step_layers ? t.first_layer : 0u;
+      for_each_vector(src, static_cast<unsigned>(rows), [&](unsigned l, unsigned i, unsigned v) {
+        const std::int64_t row = f + i;
+        const int4* from = reinterpret_cast<const int4*>(w.layer_rows[layer0 + l] + (base + i) * stride);
+        int4* tail = tail_row_address(src, s, l, row);
+        const bool in_window = row >= tail_begin;
+        const int4 x = from[v];
+        if (in_window && from != tail) tail[v] = x;  // an engine may have written the ring row in place
+        if (!in_window || inline_host) host_row_address(src, s, l, row)[v] = x;
+      });
+      if (!inline_host) work = {slot, static_cast<std::uint32_t>(last - (f > tail_begin ? f : tail_begin)),
+                                f > tail_begin ? f : tail_begin};
       __syncthreads();
       if (threadIdx.x == 0) {
         src.frontier[slot] = last;  // read by later launches only
-        mirror.frontier[slot] = last;
-        if (vws.staged != nullptr) {  // complete rows: a staged block is superseded, no partial row
-          vws.staged[slot] = 0;
-          vws.verified[slot] = 0;
-          vws.partial[slot] = 0;
-          mirror.partial[slot] = 0;
+        t.mirror.frontier[slot] = last;
+        if (t.vws.staged != nullptr) {  // complete rows: a staged block is superseded, no partial row
+          t.vws.staged[slot] = 0;
+          t.vws.verified[slot] = 0;
+          t.vws.partial[slot] = 0;
+          t.mirror.partial[slot] = 0;
         }
       }
     }
   }
-  finish_write_cta(ws);
+  if (!inline_host && threadIdx.x == 0) t.work[e] = work;
+  finish_write_cta(t.wws);
 }
 
-// --------------------------------------------------------------------------------------------
-// batched commit: the accepted prefix of each entry's verified block joins the history
-
+/// The critical launch of a commit: each (source, entry)'s verified round is checked as the
+/// per-source commit checks it; the accepted prefix joins the history (its completed rows are in
+/// the tail ring already: rows that fall outside the window go to the host store now, every row
+/// when `inline_host`, the rest through the backup work list), and the frontier and partial
+/// boundary row are published.
 template <class OrderIndex>
-__global__ void __launch_bounds__(write_block_threads)
-    batched_commit_kernel(source_view<OrderIndex> src, write_workspace_view ws, commit_view c,
-                          verify_workspace_view vws, books_mirror_view mirror) {
-  const unsigned e = blockIdx.y;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&ws.control->epoch);
+__global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigned source_begin, commit_view c,
+                                   bool inline_host) {
+  const unsigned e = blockIdx.x;
+  const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
+  const source_view<OrderIndex>& src = t.view;
+  const verify_workspace_view& vws = t.vws;
+  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.cws.control->epoch);
   const std::int32_t slot = c.slots[e];
+  backup_item work{};
   if (slot >= 0) {
     entry_error r;
     r.slot = slot;
@@ -205,28 +271,46 @@ __global__ void __launch_bounds__(write_block_threads)
       }
     }
     if (r.code != status_ok) {
-      if (threadIdx.x == 0) record_entry_error(ws, epoch, e, r);
+      if (threadIdx.x == 0) record_entry_error(t.cws, epoch, e, r);
     } else {
+      const auto s = static_cast<unsigned>(slot);
       const std::int64_t last = n_next / m;
-      if (last > f)  // completed rows: ring -> host store (the ring keeps them while in the window)
-        write_rows(src, static_cast<unsigned>(slot), f, static_cast<unsigned>(last - f), last,
-                   [&](unsigned l, unsigned, std::int64_t row) {
-                     return reinterpret_cast<const int4*>(
-                         src.layer_pool[l] + static_cast<std::size_t>(src.space.tail(static_cast<unsigned>(slot), row)) *
-                                                 src.row_bytes);
-                   });
+      const std::int64_t tail_begin = last - static_cast<std::int64_t>(src.tail_rows);
+      const std::int64_t kept = inline_host ? last : (f > tail_begin ? f : tail_begin);  // host now: [f, kept)
+      if (kept > f)
+        for_each_vector(src, static_cast<unsigned>(kept - f), [&](unsigned l, unsigned i, unsigned v) {
+          const std::int64_t row = f + i;
+          host_row_address(src, s, l, row)[v] = tail_row_address(src, s, l, row)[v];
+        });
+      if (!inline_host && last > kept) work = {slot, static_cast<std::uint32_t>(last - kept), kept};
       __syncthreads();
       if (threadIdx.x == 0) {
         src.frontier[slot] = last;
         vws.partial[slot] = static_cast<std::int32_t>(n_next % m);
         vws.staged[slot] = 0;  // the round is closed: the rest of the block is discarded
         vws.verified[slot] = 0;
-        mirror.frontier[slot] = last;
-        mirror.partial[slot] = static_cast<std::int32_t>(n_next % m);
+        t.mirror.frontier[slot] = last;
+        t.mirror.partial[slot] = static_cast<std::int32_t>(n_next % m);
       }
     }
   }
-  finish_write_cta(ws);
+  if (!inline_host && threadIdx.x == 0) t.work[e] = work;
+  finish_write_cta(t.cws);
+}
+
+/// The backup launch (on the engine's backup stream, after the critical launch): copies the rows
+/// of each (source, entry)'s work item from the tail ring to the host store. Nothing else reads
+/// or writes those host rows, and the ring rows stay until the next write, which joins first.
+template <class OrderIndex>
+__global__ void backup_rows_kernel(const step_source<OrderIndex>* table, unsigned source_begin) {
+  const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
+  const backup_item work = t.work[blockIdx.x];
+  if (work.rows == 0) return;
+  const auto s = static_cast<unsigned>(work.slot);
+  for_each_vector(t.view, work.rows, [&](unsigned l, unsigned i, unsigned v) {
+    const std::int64_t row = work.first + i;
+    host_row_address(t.view, s, l, row)[v] = tail_row_address(t.view, s, l, row)[v];
+  });
 }
 
 // --------------------------------------------------------------------------------------------
@@ -251,23 +335,41 @@ __global__ void __launch_bounds__(write_block_threads)
 // --------------------------------------------------------------------------------------------
 // launchers (stream last, cudaError_t; no allocation, no host synchronisation: capturable)
 
-/// One CTA per entry of `w` (capacity CTAs, so the shape is fixed for a graph).
+/// Warps of a write CTA for a (source, entry) of `rows` rows of `vectors` 16-byte vectors over all
+/// payload layers: one warp per two vectors a lane, 1 to 8 (a decode row of GLM-5.3's 576 B
+/// on ~4 layers: 3 warps), instead of a 256-thread CTA for a few hundred bytes.
+constexpr unsigned write_warps(std::uint64_t rows, std::uint64_t vectors) {
+  const std::uint64_t w = (rows * vectors + 63) / 64;
+  return w < 1 ? 1u : w > 8 ? 8u : static_cast<unsigned>(w);
+}
+
+/// The critical write over sources [source_begin, source_begin + sources): one CTA per
+/// (source, entry), `warps` warps each (capacity x sources CTAs, a fixed shape for a graph).
 template <class OrderIndex>
-cudaError_t launch_batched_write(const source_view<OrderIndex>& src, const write_workspace_view& ws,
-                                 const kv_write_view& w, const verify_workspace_view& vws,
-                                 const books_mirror_view& mirror, cudaStream_t stream) {
-  if (w.capacity == 0) return cudaSuccess;
-  batched_write_kernel<OrderIndex><<<dim3(1, w.capacity), write_block_threads, 0, stream>>>(src, ws, w, vws, mirror);
+cudaError_t launch_step_write(const step_source<OrderIndex>* table, unsigned source_begin, unsigned sources,
+                              const write_args& w, bool inline_host, unsigned warps, cudaStream_t stream) {
+  if (w.capacity == 0 || sources == 0) return cudaSuccess;
+  step_write_kernel<OrderIndex><<<dim3(w.capacity, sources), 32 * warps, 0, stream>>>(table, source_begin, w,
+                                                                                      inline_host);
   return cudaGetLastError();
 }
 
-/// One CTA per entry of `c`.
+/// The critical commit over sources [source_begin, source_begin + sources).
 template <class OrderIndex>
-cudaError_t launch_batched_commit(const source_view<OrderIndex>& src, const write_workspace_view& ws,
-                                  const commit_view& c, const verify_workspace_view& vws,
-                                  const books_mirror_view& mirror, cudaStream_t stream) {
-  if (c.capacity == 0) return cudaSuccess;
-  batched_commit_kernel<OrderIndex><<<dim3(1, c.capacity), write_block_threads, 0, stream>>>(src, ws, c, vws, mirror);
+cudaError_t launch_step_commit(const step_source<OrderIndex>* table, unsigned source_begin, unsigned sources,
+                               const commit_view& c, bool inline_host, unsigned warps, cudaStream_t stream) {
+  if (c.capacity == 0 || sources == 0) return cudaSuccess;
+  step_commit_kernel<OrderIndex><<<dim3(c.capacity, sources), 32 * warps, 0, stream>>>(table, source_begin, c,
+                                                                                       inline_host);
+  return cudaGetLastError();
+}
+
+/// The backup of the last critical launch over the same sources and capacity.
+template <class OrderIndex>
+cudaError_t launch_backup_rows(const step_source<OrderIndex>* table, unsigned source_begin, unsigned sources,
+                               unsigned capacity, unsigned warps, cudaStream_t stream) {
+  if (capacity == 0 || sources == 0) return cudaSuccess;
+  backup_rows_kernel<OrderIndex><<<dim3(capacity, sources), 32 * warps, 0, stream>>>(table, source_begin);
   return cudaGetLastError();
 }
 
@@ -282,8 +384,9 @@ inline cudaError_t launch_page_table_update(const page_table_update* updates, st
 template <class OrderIndex>
 cudaError_t preload_write_kernels() {
   cudaFuncAttributes a{};
-  cudaError_t err = cudaFuncGetAttributes(&a, batched_write_kernel<OrderIndex>);
-  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, batched_commit_kernel<OrderIndex>);
+  cudaError_t err = cudaFuncGetAttributes(&a, step_write_kernel<OrderIndex>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, step_commit_kernel<OrderIndex>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, backup_rows_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, page_table_update_kernel<>);
   return err;
 }
