@@ -107,14 +107,15 @@ class ManagedHierarchy:
     ALLOWED = frozenset({
         # per-step operations
         "resolve", "resolve_view", "resolve_view_ptr", "_time_resolve_view", "copy_follower",
-        "stage_block", "verify", "commit", "commit_view", "release_staging", "check_errors", "pool",
+        "stage_block", "verify", "commit", "commit_view", "commit_step", "commit_step_view", "join_backup",
+        "release_staging", "check_errors", "pool",
         # read-only accessors
         "layout", "hot_rows", "top_k", "backend", "requirements", "config", "space", "contains",
         "slot_of", "admitted_count", "frontier", "positions", "last_plan", "last_stats",
         "last_verify_stats", "block_rows", "staged_rows", "verified_queries", "staging_holder",
         "free_optional_pages", "free_host_pages", "pool_bytes", "pool_rows", "payload", "host_row",
         "hot_rows_of", "lru_order_of", "optional_map_of", "device", "stream", "programmatic_launch",
-        "synchronize",
+        "synchronize", "backup_pending", "step_layers", "step_layer_index",
     })
 
     __slots__ = ("_inner", "__weakref__")

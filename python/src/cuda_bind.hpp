@@ -60,6 +60,57 @@ rows_arg import_rows_arg(nb::handle obj, std::size_t source, std::optional<std::
   return a;
 }
 
+/// The device arrays of a batched write: slots [capacity], rows and first [capacity * per_entry]
+/// (first optional), layer_rows int64 [layers] of device pointers; checked, not copied.
+struct write_arrays {
+  in_array slots, rows, layers;
+  std::optional<in_array> first;
+  std::uint32_t capacity = 0;
+  write_arrays(const char* call, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj,
+               std::optional<nb::handle> first_obj, std::size_t layer_count, std::size_t per_entry,
+               std::uint32_t pitch = 0)
+      : slots(import_array<in_array>(slots_obj, "slots")),
+        rows(import_array<in_array>(rows_obj, "rows")),
+        layers(import_array<in_array>(layers_obj, "layer_rows")) {
+    check_array<std::int32_t>(slots, "slots", where::cuda);
+    check_array<std::int32_t>(rows, "rows", where::cuda);
+    check_array<std::int64_t>(layers, "layer_rows", where::cuda);
+    capacity = static_cast<std::uint32_t>(elements(slots));
+    const std::size_t counts = pitch == 0 ? capacity : per_entry * pitch;
+    if (pitch != 0 && pitch < capacity)
+      throw size_mismatch(std::string(call) + ": rows_pitch " + std::to_string(pitch) + " is below the capacity " +
+                          std::to_string(capacity));
+    if (elements(rows) != counts)
+      throw size_mismatch(std::string(call) + ": rows must hold " + std::to_string(counts) + " counts, got " +
+                          shape_of(rows));
+    if (elements(layers) != layer_count)
+      throw size_mismatch(std::string(call) + ": layer_rows must hold " + std::to_string(layer_count) +
+                          " device row-buffer pointers, got " + shape_of(layers));
+    if (first_obj) {
+      first = import_array<in_array>(*first_obj, "first");
+      check_array<std::int32_t>(*first, "first", where::cuda);
+      if (elements(*first) != counts)
+        throw size_mismatch(std::string(call) + ": first must hold " + std::to_string(counts) + " rows, got " +
+                            shape_of(*first));
+    }
+  }
+  const std::int32_t* slots_ptr() const { return static_cast<const std::int32_t*>(slots.data()); }
+  const std::int32_t* rows_ptr() const { return static_cast<const std::int32_t*>(rows.data()); }
+  const std::int32_t* first_ptr() const { return first ? static_cast<const std::int32_t*>(first->data()) : nullptr; }
+  const void* const* layers_ptr() const { return static_cast<const void* const*>(layers.data()); }
+};
+
+/// slots and accepted of a batched commit: int32 CUDA arrays of one count per slot.
+inline std::pair<in_array, in_array> commit_arrays(const char* call, nb::handle slots_obj, nb::handle accepted_obj) {
+  in_array slots = import_array<in_array>(slots_obj, "slots");
+  in_array accepted = import_array<in_array>(accepted_obj, "accepted");
+  check_array<std::int32_t>(slots, "slots", where::cuda);
+  check_array<std::int32_t>(accepted, "accepted", where::cuda);
+  if (elements(accepted) != elements(slots))
+    throw size_mismatch(std::string(call) + ": accepted must hold one count per slot");
+  return {std::move(slots), std::move(accepted)};
+}
+
 template <class Array>
 void check_count_array(const Array& a) {
   if (a.dtype() != nb::dtype<std::int32_t>() && a.dtype() != nb::dtype<std::uint32_t>())
@@ -123,30 +174,10 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "append_view",
           [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj,
              std::optional<nb::handle> first_obj, std::uint64_t row_stride, std::uint32_t max_rows, opt_stream s) {
-            const in_array slots = import_array<in_array>(slots_obj, "slots");
-            const in_array rows = import_array<in_array>(rows_obj, "rows");
-            const in_array layers = import_array<in_array>(layers_obj, "layer_rows");
-            check_array<std::int32_t>(slots, "slots", where::cuda);
-            check_array<std::int32_t>(rows, "rows", where::cuda);
-            check_array<std::int64_t>(layers, "layer_rows", where::cuda);
-            const std::size_t cap = elements(slots);
-            if (elements(rows) != cap) throw size_mismatch("append_view: rows must hold one count per slot");
-            if (source < std::size(L::sources) && elements(layers) != L::sources[source].payload_layers)
-              throw size_mismatch("append_view: layer_rows must hold one device pointer per payload layer of source " +
-                                  std::to_string(source) + " (" +
-                                  std::to_string(L::sources[source].payload_layers) + "), got " + shape_of(layers));
-            const std::int32_t* first = nullptr;
-            std::optional<in_array> first_arr;
-            if (first_obj) {
-              first_arr = import_array<in_array>(*first_obj, "first");
-              check_array<std::int32_t>(*first_arr, "first", where::cuda);
-              if (elements(*first_arr) != cap) throw size_mismatch("append_view: first must hold one row per slot");
-              first = static_cast<const std::int32_t*>(first_arr->data());
-            }
-            h.append_view(source, static_cast<const std::int32_t*>(slots.data()),
-                          static_cast<const std::int32_t*>(rows.data()), first,
-                          static_cast<const void* const*>(layers.data()), row_stride, max_rows,
-                          static_cast<std::uint32_t>(cap), default_stream(s));
+            const std::size_t layers = source < std::size(L::sources) ? L::sources[source].payload_layers : 0;
+            const write_arrays w("append_view", slots_obj, rows_obj, layers_obj, first_obj, layers, 1);
+            h.append_view(source, w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, max_rows,
+                          w.capacity, default_stream(s));
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("max_rows") = 1, nb::arg("stream") = nb::none(),
@@ -154,15 +185,47 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "int32 [capacity] (slot_of, -1 = padding; new rows per entry), layer_rows int64 [payload layers] "
           "of device row-buffer pointers (dhisparse.layer_pointers), first int32 [capacity] or None "
           "(entry e at row e * max_rows). Within reserve_rows; capturable. Errors: check_errors.")
+      .def_prop_ro_static("step_layers", [](nb::handle) { return Ops::step_layers(); })
+      .def_static("step_layer_index", &Ops::step_layer_index, nb::arg("source"), nb::arg("layer"))
+      .def(
+          "append_step_view",
+          [](Ops& h, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj,
+             std::optional<nb::handle> first_obj, std::uint64_t row_stride, std::uint32_t rows_pitch,
+             std::uint32_t max_rows, opt_stream backup, opt_stream s) {
+            const write_arrays w("append_step_view", slots_obj, rows_obj, layers_obj, first_obj, Ops::step_layers(),
+                                 rows_pitch == 0 ? 1 : std::size(L::sources), rows_pitch);
+            const auto stream = default_stream(s);
+            h.append_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, rows_pitch,
+                               max_rows, w.capacity, backup ? *backup : stream, stream);
+          },
+          nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
+          nb::arg("row_stride") = 0, nb::arg("rows_pitch") = 0, nb::arg("max_rows") = 1,
+          nb::arg("backup") = nb::none(), nb::arg("stream") = nb::none(),
+          "One step's KV writes on EVERY source in one launch (C++ append_step over a kv_step_write_view): "
+          "layer_rows int64 [step_layers], one device row buffer per (source, payload layer) at "
+          "step_layer_index(s, l); rows (and first) int32 [capacity], or [sources * rows_pitch] with "
+          "rows_pitch. The host backup runs on `backup` (default: `stream`, inline); join_backup(stream) "
+          "joins it. Within reserve_ahead; capturable. Errors: check_errors.")
+      .def(
+          "commit_step_view",
+          [](Ops& h, nb::handle slots_obj, nb::handle accepted_obj, opt_stream backup, opt_stream s) {
+            const auto [slots, accepted] = commit_arrays("commit_step_view", slots_obj, accepted_obj);
+            const auto stream = default_stream(s);
+            h.commit_step_view(static_cast<const std::int32_t*>(slots.data()),
+                               static_cast<const std::int32_t*>(accepted.data()),
+                               static_cast<std::uint32_t>(elements(slots)), backup ? *backup : stream, stream);
+          },
+          nb::arg("slots"), nb::arg("accepted"), nb::arg("backup") = nb::none(), nb::arg("stream") = nb::none(),
+          "Commits a speculative round on every source in one launch (C++ commit_step): slots and accepted "
+          "int32 [capacity]; capturable. Errors: check_errors.")
+      .def(
+          "join_backup", [](Ops& h, opt_stream s) { h.join_backup(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "Makes `stream` wait for the host backup of the last step-wide write (capturable).")
+      .def_prop_ro("backup_pending", &Ops::backup_pending)
       .def(
           "commit_view",
           [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle accepted_obj, opt_stream s) {
-            const in_array slots = import_array<in_array>(slots_obj, "slots");
-            const in_array accepted = import_array<in_array>(accepted_obj, "accepted");
-            check_array<std::int32_t>(slots, "slots", where::cuda);
-            check_array<std::int32_t>(accepted, "accepted", where::cuda);
-            if (elements(accepted) != elements(slots))
-              throw size_mismatch("commit_view: accepted must hold one count per slot");
+            const auto [slots, accepted] = commit_arrays("commit_view", slots_obj, accepted_obj);
             h.commit_view(source, static_cast<const std::int32_t*>(slots.data()),
                           static_cast<const std::int32_t*>(accepted.data()),
                           static_cast<std::uint32_t>(elements(slots)), default_stream(s));
@@ -401,6 +464,21 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
             mgr.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device);
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def("reserve_ahead", &M::reserve_ahead, nb::arg("rows_ahead"))
+      .def(
+          "append_step_view",
+          [](M& mgr, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj, std::optional<nb::handle> first_obj,
+             std::uint64_t row_stride, std::uint32_t rows_pitch, std::uint32_t max_rows, opt_stream backup) {
+            using Ops = std::remove_reference_t<decltype(mgr.hierarchy())>;
+            const write_arrays w("append_step_view", slots_obj, rows_obj, layers_obj, first_obj, Ops::step_layers(),
+                                 rows_pitch == 0 ? 1 : std::size(L::sources), rows_pitch);
+            mgr.append_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, rows_pitch,
+                                 max_rows, w.capacity, backup ? *backup : mgr.step_stream());
+          },
+          nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
+          nb::arg("row_stride") = 0, nb::arg("rows_pitch") = 0, nb::arg("max_rows") = 1, nb::arg("backup") = nb::none(),
+          "One step's decode rows on every source through the manager, on its step stream (C++ "
+          "append_step; arrays as Hierarchy.append_step_view; backup default: inline).")
       .def(
           "import_history",
           [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,

@@ -70,6 +70,18 @@ class cuda_hierarchy_ops {
   void append_view(std::size_t source, const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
                    const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t max_rows,
                    std::uint32_t capacity, stream_handle s);
+  /// One step's KV writes on every source over device buffers (cuda::kv_step_write_view), the host
+  /// backup on `backup` (== s: inline): capturable.
+  void append_step_view(const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                        const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t rows_pitch,
+                        std::uint32_t max_rows, std::uint32_t capacity, stream_handle backup, stream_handle s);
+  /// A speculative round's accepted counts on every source (cuda::commit_step_view): capturable.
+  void commit_step_view(const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
+                        stream_handle backup, stream_handle s);
+  void join_backup(stream_handle s);
+  bool backup_pending() const;
+  static std::size_t step_layers();
+  static std::size_t step_layer_index(std::size_t source, std::size_t layer);
   /// A speculative round's accepted counts on a source over device buffers (cuda::commit_view): capturable.
   void commit_view(std::size_t source, const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
                    stream_handle s);
@@ -157,6 +169,11 @@ class cuda_manager_ops {
   residency_admission admit(request_id id, const std::vector<import_rows>& history, bool on_device);
   void withdraw(request_id id);
   void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device);
+  void reserve_ahead(std::size_t rows_ahead);
+  /// One step's decode rows on every source (cuda::residency_manager::append_step).
+  void append_step_view(const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                        const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t rows_pitch,
+                        std::uint32_t max_rows, std::uint32_t capacity, stream_handle backup);
   /// Streamed admission; device rows are ready in `s`'s order (host rows are staged by the library).
   std::size_t import_history(request_id id, std::size_t source, const void* rows, std::size_t bytes,
                              std::size_t count, bool on_device, stream_handle s);

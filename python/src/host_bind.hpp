@@ -116,6 +116,56 @@ inline nb::dict space_dict(const location_space& s) {
 inline nb::bytes to_bytes(std::span<const std::byte> s) { return nb::bytes(reinterpret_cast<const char*>(s.data()), s.size()); }
 
 /// Binds host_hierarchy `H` as `name`.
+/// Calls `f(request, rows, n)` for each request of a `[requests][payload layers][n][row_bytes]`
+/// uint8 array of source `source` (one request's rows are contiguous: n rows of every layer).
+template <KvLayout L, class F>
+void for_each_request_rows(const char* call, std::size_t source, const request_list& ids, const in_array& rows, F&& f) {
+  check_array<std::uint8_t>(rows, "rows", where::cpu);
+  if (rows.ndim() != 4 || rows.shape(0) != ids.size())
+    throw size_mismatch(std::string(call) + ": rows must be [requests=" + std::to_string(ids.size()) +
+                        "][payload layers][rows][row_bytes], got " + shape_of(rows));
+  if (source < std::size(L::sources) &&
+      (rows.shape(1) != L::sources[source].payload_layers || rows.shape(3) != L::sources[source].row_bytes))
+    throw size_mismatch(std::string(call) + ": rows of source " + std::to_string(source) + " must be [requests][" +
+                        std::to_string(L::sources[source].payload_layers) + "][rows][" +
+                        std::to_string(L::sources[source].row_bytes) + "], got " + shape_of(rows));
+  const std::size_t per = ids.empty() ? 0 : elements(rows) / ids.size();
+  const auto* base = static_cast<const std::byte*>(rows.data());
+  for (std::size_t i = 0; i < ids.size(); ++i) f(ids[i], std::span<const std::byte>(base + i * per, per), rows.shape(2));
+}
+
+/// The (request, source) items of a step-wide write: `rows[s]` as for_each_request_rows, or None.
+template <KvLayout L>
+std::vector<step_write_item> step_items(const request_list& ids, const std::vector<std::optional<in_array>>& rows) {
+  if (rows.size() != std::size(L::sources))
+    throw size_mismatch("append_step: rows must hold one array (or None) per source (" +
+                        std::to_string(std::size(L::sources)) + "), got " + std::to_string(rows.size()));
+  std::vector<step_write_item> items;
+  for (std::size_t s = 0; s < rows.size(); ++s)
+    if (rows[s])
+      for_each_request_rows<L>("append_step", s, ids, *rows[s], [&](request_id id, auto bytes, std::size_t n) {
+        items.push_back({id, s, bytes, n});
+      });
+  return items;
+}
+
+/// Accepted counts (int32, one per request) as sizes; a negative count is acceptance_beyond_block.
+inline std::vector<std::size_t> accepted_counts(const char* call, const request_list& ids, const in_array& accepted) {
+  check_array<std::int32_t>(accepted, "accepted", where::cpu);
+  if (elements(accepted) != ids.size())
+    throw size_mismatch(std::string(call) + ": accepted must hold one count per request (" +
+                        std::to_string(ids.size()) + "), got " + shape_of(accepted));
+  const auto* a = static_cast<const std::int32_t*>(accepted.data());
+  std::vector<std::size_t> out(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (a[i] < 0)
+      throw acceptance_beyond_block(std::string(call) + ": request " + std::to_string(ids[i]) + " accepted " +
+                                    std::to_string(a[i]) + " proposals");
+    out[i] = static_cast<std::size_t>(a[i]);
+  }
+  return out;
+}
+
 template <class H>
 void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_name) {
   using L = typename H::layout;
@@ -160,27 +210,39 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
       .def(
           "append_batch",
           [](H& h, std::size_t source, nb::handle requests, const in_array& rows) {
-            // rows: [C][payload layer][n][row_bytes]; request i writes n rows (one step's writes).
             const request_list ids = as_requests(requests);
-            check_array<std::uint8_t>(rows, "rows", where::cpu);
-            if (rows.ndim() != 4 || rows.shape(0) != ids.size())
-              throw size_mismatch("append_batch: rows must be [requests=" + std::to_string(ids.size()) +
-                                  "][payload layers][rows][row_bytes], got " + shape_of(rows));
-            if (source < H::sources && (rows.shape(1) != L::sources[source].payload_layers ||
-                                        rows.shape(3) != L::sources[source].row_bytes))
-              throw size_mismatch("append_batch: rows of source " + std::to_string(source) + " must be [requests][" +
-                                  std::to_string(L::sources[source].payload_layers) + "][rows][" +
-                                  std::to_string(L::sources[source].row_bytes) + "], got " + shape_of(rows));
-            const std::size_t per = ids.empty() ? 0 : elements(rows) / ids.size();
-            const std::size_t n = rows.shape(2);
-            const auto* base = static_cast<const std::byte*>(rows.data());
-            std::vector<write_item> items(ids.size());
-            for (std::size_t i = 0; i < ids.size(); ++i) items[i] = {ids[i], {base + i * per, per}, n};
+            std::vector<write_item> items;
+            for_each_request_rows<L>("append_batch", source, ids, rows, [&](request_id id, auto bytes, std::size_t n) {
+              items.push_back({id, bytes, n});
+            });
             h.append(source, std::span<const write_item>(items));
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("rows"),
           "One step's KV writes on a source (C++ append(source, span<write_item>)): rows is uint8 "
           "[requests][payload layers][n][row_bytes], n new rows each, within reserve_rows; all or nothing.")
+      .def(
+          "append_step",
+          [](H& h, nb::handle requests, const std::vector<std::optional<in_array>>& rows) {
+            h.append_step(std::span<const step_write_item>(step_items<L>(as_requests(requests), rows)));
+          },
+          nb::arg("requests"), nb::arg("rows"),
+          "One step's KV writes on every source (C++ append_step): rows[s] is uint8 "
+          "[requests][payload layers of s][n_s][row_bytes of s] or None (no rows on s); all or nothing.")
+      .def(
+          "commit_step",
+          [](H& h, nb::handle requests, const in_array& accepted) {
+            const request_list ids = as_requests(requests);
+            const auto counts = accepted_counts("commit_step", ids, accepted);
+            std::vector<step_commit_item> items;
+            for (std::size_t s = 0; s < H::sources; ++s)
+              for (std::size_t i = 0; i < ids.size(); ++i) items.push_back({ids[i], s, counts[i]});
+            h.commit_step(std::span<const step_commit_item>(items));
+          },
+          nb::arg("requests"), nb::arg("accepted"),
+          "Commits a speculative round on every source (C++ commit_step): accepted is int32 [requests], "
+          "the sampler's count for each request; all or nothing.")
+      .def("join_backup", &H::join_backup, "Nothing to join on the host backend (the CUDA call's twin).")
+      .def_prop_ro("backup_pending", &H::backup_pending)
       .def(
           "resolve",
           [](H& h, std::size_t source, nb::handle requests, const in_array& sel, const out_array& loc, copy_layers mode) {
@@ -236,18 +298,9 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
           "commit_batch",
           [](H& h, std::size_t source, nb::handle requests, const in_array& accepted) {
             const request_list ids = as_requests(requests);
-            check_array<std::int32_t>(accepted, "accepted", where::cpu);
-            if (elements(accepted) != ids.size())
-              throw size_mismatch("commit_batch: accepted must hold one count per request (" +
-                                  std::to_string(ids.size()) + "), got " + shape_of(accepted));
-            const auto* a = static_cast<const std::int32_t*>(accepted.data());
+            const auto counts = accepted_counts("commit_batch", ids, accepted);
             std::vector<commit_item> items(ids.size());
-            for (std::size_t i = 0; i < ids.size(); ++i) {
-              if (a[i] < 0)
-                throw acceptance_beyond_block("commit_batch: request " + std::to_string(ids[i]) + " accepted " +
-                                              std::to_string(a[i]) + " proposals");
-              items[i] = {ids[i], static_cast<std::size_t>(a[i])};
-            }
+            for (std::size_t i = 0; i < ids.size(); ++i) items[i] = {ids[i], counts[i]};
             h.commit(source, std::span<const commit_item>(items));
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("accepted"),
@@ -345,6 +398,15 @@ void bind_host_manager(nb::module_& m, const char* name) {
             mgr.append(id, source, bytes, source < H::sources ? rows_count(bytes.size(), count, L::sources[source]) : 0);
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+      .def("reserve_ahead", &M::reserve_ahead, nb::arg("rows_ahead"))
+      .def(
+          "append_step",
+          [](M& mgr, nb::handle requests, const std::vector<std::optional<in_array>>& rows) {
+            mgr.append_step(std::span<const step_write_item>(step_items<L>(as_requests(requests), rows)));
+          },
+          nb::arg("requests"), nb::arg("rows"),
+          "One step's decode rows on every source through the manager (C++ append_step; a pinning "
+          "policy maps the pages the step completes): rows[s] as Hierarchy.append_step.")
       .def(
           "import_history",
           [](M& mgr, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {

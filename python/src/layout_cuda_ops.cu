@@ -106,18 +106,55 @@ DHISPARSE_PY_OPS reserved_rows(request_id id, std::size_t source) const -> std::
   return p_->h->reserved_rows(id, source);
 }
 DHISPARSE_PY_OPS sync_books(stream_handle s) -> void { p_->h->sync_books(as_stream(s)); }
-DHISPARSE_PY_OPS append_view(std::size_t source, const std::int32_t* slots, const std::int32_t* rows,
-                             const std::int32_t* first, const void* const* layer_rows, std::uint64_t row_stride,
-                             std::uint32_t max_rows, std::uint32_t capacity, stream_handle s) -> void {
-  cuda::kv_write_view v;
+namespace {
+/// The step-wide write descriptor; a per-source `kv_write_view` is its fields without `rows_pitch`.
+cuda::kv_step_write_view step_view(const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                                   const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t rows_pitch,
+                                   std::uint32_t max_rows, std::uint32_t capacity) {
+  cuda::kv_step_write_view v;
   v.slots = slots;
   v.rows = rows;
   v.first = first;
   v.layer_rows = reinterpret_cast<const std::byte* const*>(layer_rows);
   v.row_stride = row_stride;
+  v.rows_pitch = rows_pitch;
   v.max_rows = max_rows;
   v.capacity = capacity;
-  p_->h->append(source, v, as_stream(s));
+  return v;
+}
+}  // namespace
+DHISPARSE_PY_OPS append_view(std::size_t source, const std::int32_t* slots, const std::int32_t* rows,
+                             const std::int32_t* first, const void* const* layer_rows, std::uint64_t row_stride,
+                             std::uint32_t max_rows, std::uint32_t capacity, stream_handle s) -> void {
+  const auto v = step_view(slots, rows, first, layer_rows, row_stride, 0, max_rows, capacity);
+  p_->h->append(source, cuda::kv_write_view{v.slots, v.rows, v.first, v.layer_rows, v.row_stride, v.max_rows, v.capacity},
+                as_stream(s));
+}
+DHISPARSE_PY_OPS append_step_view(const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                                  const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t rows_pitch,
+                                  std::uint32_t max_rows, std::uint32_t capacity, stream_handle backup,
+                                  stream_handle s) -> void {
+  p_->h->append_step(step_view(slots, rows, first, layer_rows, row_stride, rows_pitch, max_rows, capacity),
+                     as_stream(backup), as_stream(s));
+}
+DHISPARSE_PY_OPS commit_step_view(const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
+                                  stream_handle backup, stream_handle s) -> void {
+  p_->h->commit_step(cuda::commit_step_view{slots, accepted, capacity}, as_stream(backup), as_stream(s));
+}
+DHISPARSE_PY_OPS join_backup(stream_handle s) -> void { p_->h->join_backup(as_stream(s)); }
+DHISPARSE_PY_OPS backup_pending() const -> bool { return p_->h->backup_pending(); }
+template <class Layout, std::size_t B>
+std::size_t cuda_hierarchy_ops<Layout, B>::step_layers() {
+  return impl::H::step_layers;
+}
+template <class Layout, std::size_t B>
+std::size_t cuda_hierarchy_ops<Layout, B>::step_layer_index(std::size_t source, std::size_t layer) {
+  if (source >= impl::H::sources) throw invalid_source("step_layer_index: source " + std::to_string(source) + " of " +
+                                                       std::to_string(impl::H::sources));
+  if (layer >= Layout::sources[source].payload_layers)
+    throw invalid_source("step_layer_index: layer " + std::to_string(layer) + " of source " + std::to_string(source) +
+                         ", which has " + std::to_string(Layout::sources[source].payload_layers));
+  return impl::H::step_layer_index(source, layer);
 }
 DHISPARSE_PY_OPS commit_view(std::size_t source, const std::int32_t* slots, const std::int32_t* accepted,
                              std::uint32_t capacity, stream_handle s) -> void {
@@ -321,6 +358,13 @@ DHISPARSE_PY_MGR append(request_id id, std::size_t source, const void* rows, std
   if (!on_device) return p_->m.append(id, source, std::span<const std::byte>(r, bytes), count);
   check_device_rows("append", id, source, bytes, count);
   p_->m.append(id, source, r, count);
+}
+DHISPARSE_PY_MGR reserve_ahead(std::size_t rows_ahead) -> void { p_->m.reserve_ahead(rows_ahead); }
+DHISPARSE_PY_MGR append_step_view(const std::int32_t* slots, const std::int32_t* rows, const std::int32_t* first,
+                                  const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t rows_pitch,
+                                  std::uint32_t max_rows, std::uint32_t capacity, stream_handle backup) -> void {
+  p_->m.append_step(step_view(slots, rows, first, layer_rows, row_stride, rows_pitch, max_rows, capacity),
+                    as_stream(backup));
 }
 DHISPARSE_PY_MGR import_history(request_id id, std::size_t source, const void* rows, std::size_t bytes,
                                 std::size_t count, bool on_device, stream_handle s) -> std::size_t {

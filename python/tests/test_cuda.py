@@ -287,3 +287,68 @@ def test_cuda_speculative_round_and_residency():
     m.complete(6)
     m.drain()
     assert m.audit() == "" and m.admitted_count == 0
+
+
+def test_step_wide_write_with_backup_in_a_cuda_graph():
+    """append_step_view writes every source in one launch, its host backup forked onto a side stream
+    and joined, captured once and replayed; every row lands in the pools and the host store."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(8)
+    C, STEPS = 4, 30
+    h = dhisparse.Hierarchy("tiny", {"max_requests": C, "max_rows": 256}, backend="cuda")
+    requests = list(range(20, 20 + C))
+    for r in requests:
+        h.admit(r)
+    info = h.layout["sources"]
+    assert h.step_layers == sum(s["payload_layers"] for s in info)
+    # one row buffer per (source, payload layer), token e of the step at row e
+    bufs = [None] * h.step_layers
+    for s, d in enumerate(info):
+        for layer in range(d["payload_layers"]):
+            bufs[h.step_layer_index(s, layer)] = torch.zeros((C, d["row_bytes"]), dtype=torch.uint8, device=dev)
+    layer_rows = dhisparse.layer_pointers(bufs)
+    slots = torch.tensor([h.slot_of(r) for r in requests], dtype=torch.int32, device=dev)
+    ones = torch.ones(C, dtype=torch.int32, device=dev)
+    backup = torch.cuda.Stream()
+    history = {(r, s): [] for r in requests for s in range(len(info))}
+
+    def next_rows():
+        for s, d in enumerate(info):
+            for layer in range(d["payload_layers"]):
+                new = fp16_rows(gen, 1, C, d["row_bytes"])[0]  # [C, row_bytes]
+                bufs[h.step_layer_index(s, layer)].copy_(new.to(dev))
+                for i, r in enumerate(requests):
+                    if layer == 0:
+                        history[(r, s)].append({})
+                    history[(r, s)][-1][layer] = new[i].clone()
+        h.reserve_ahead(1)
+
+    def step():
+        h.append_step_view(slots, ones, layer_rows, backup=backup.cuda_stream)
+        h.join_backup()
+
+    next_rows()
+    step()  # eager once, then captured
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(STEPS):
+        next_rows()
+        g.replay()
+    torch.cuda.synchronize()
+    h.check_errors()
+    h.sync_books()
+    for r in requests:
+        for s, d in enumerate(info):
+            assert h.frontier(r, s) == STEPS + 1
+            for row in range(0, STEPS + 1, 3):
+                for layer in range(d["payload_layers"]):
+                    assert h.host_row(r, s, layer, row) == bytes(history[(r, s)][row][layer].numpy())
+    sel = torch.tensor([[0, 7, STEPS]] * C, dtype=torch.int32, device=dev)
+    loc = torch.zeros_like(sel)
+    h.resolve(0, requests, sel, loc)
+    h.check_errors()
+    pool = h.pool(0, 1, like="torch")
+    for i, r in enumerate(requests):
+        for e, row in enumerate((0, 7, STEPS)):
+            assert torch.equal(pool[loc[i, e].long()].cpu(), history[(r, 0)][row][1])

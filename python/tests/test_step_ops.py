@@ -7,6 +7,15 @@ import dhisparse
 from conftest import History, check_rows, random_selection
 
 
+def resolve_and_check(h, hist, requests, rng):
+    """Resolves a random selection of every request on every source and checks the rows."""
+    for s in range(len(hist.layout["sources"])):
+        sel = np.stack([random_selection(rng, hist.count(r, s), h.top_k) for r in requests])
+        loc = np.zeros_like(sel)
+        h.resolve(s, requests, sel, loc)
+        check_rows(h, hist, s, requests, sel, loc)
+
+
 def test_batched_writes_equal_per_request_appends(rng):
     h = dhisparse.Hierarchy("tiny", {"max_requests": 3, "max_rows": 96})
     twin = dhisparse.Hierarchy("tiny", {"max_requests": 3, "max_rows": 96})
@@ -31,11 +40,8 @@ def test_batched_writes_equal_per_request_appends(rng):
                 twin.append(r, s, rows[i])
                 hist.add(r, s, rows[i])
                 assert h.frontier(r, s) == twin.frontier(r, s) == hist.count(r, s)
+    resolve_and_check(h, hist, requests, rng)
     for s in range(2):
-        sel = np.stack([random_selection(rng, hist.count(r, s), h.top_k) for r in requests])
-        loc = np.zeros_like(sel)
-        h.resolve(s, requests, sel, loc)
-        check_rows(h, hist, s, requests, sel, loc)
         for r in requests:
             for row in range(0, hist.count(r, s), 7):
                 assert h.host_row(r, s, 0, row) == bytes(hist.row(r, s, 0, row))
@@ -152,3 +158,98 @@ def test_manager_hierarchy_is_read_only_apart_from_the_step():
         h.config = None
     assert h.contains(1) and h.frontier(1, 0) == 0 and "resolve" in dir(h)
     assert m.audit() == ""
+
+
+def test_step_wide_writes_and_commits(rng):
+    """append_step/commit_step over every source equal per-request appends and commits."""
+    cfg = {"max_requests": 3, "max_rows": 96, "max_block": 3}
+    h, twin = dhisparse.Hierarchy("tiny", cfg), dhisparse.Hierarchy("tiny", cfg)
+    hist = History(h.layout, seed=11)
+    requests = [4, 5, 6]
+    for x in (h, twin):
+        for r in requests:
+            x.admit(r)
+    assert h.backup_pending is False
+    for step in range(12):
+        h.reserve_ahead(2)
+        n = 1 + step % 2
+        rows = [np.stack([hist.new_rows(s, n) for _ in requests]) for s in range(2)]
+        if step == 5:
+            rows[1] = None  # a step that writes source 0 only
+        h.append_step(requests, rows)
+        h.join_backup()
+        for s in range(2):
+            if rows[s] is None:
+                continue
+            for i, r in enumerate(requests):
+                twin.append(r, s, rows[s][i])
+                hist.add(r, s, rows[s][i])
+        for r in requests:
+            for s in range(2):
+                assert h.frontier(r, s) == twin.frontier(r, s) == hist.count(r, s)
+    resolve_and_check(h, hist, requests, rng)
+    # all or nothing: a bad source array, a duplicate request, a missing reservation
+    before = [h.frontier(r, s) for r in requests for s in range(2)]
+    good = [np.zeros((3, 2, 1, 64), np.uint8), np.zeros((3, 1, 1, 32), np.uint8)]
+    with pytest.raises(dhisparse.SizeMismatch, match="one array"):
+        h.append_step(requests, good[:1])
+    with pytest.raises(dhisparse.SizeMismatch, match=r"\[requests\]\[1\]\[rows\]\[32\]"):
+        h.append_step(requests, [good[0], good[0]])
+    with pytest.raises(dhisparse.DuplicateInBatch):
+        h.append_step([4, 4, 5], good)
+    h.reserve_rows(4, 1, 0)
+    wide = [np.zeros((3, 2, 40, 64), np.uint8), None]
+    with pytest.raises(dhisparse.CapacityExceeded, match="append_step"):
+        h.append_step(requests, wide)
+    assert [h.frontier(r, s) for r in requests for s in range(2)] == before
+    # a speculative round on both sources, committed in one call
+    q = np.full((3, 3, 2), -1, np.int32)
+    blocks = {}
+    for s in range(2):
+        for x in (h, twin):
+            for r in requests:
+                if x is h:
+                    blocks[(r, s)] = hist.new_rows(s, 3)
+                x.stage_block(r, s, blocks[(r, s)], 3)
+        for i, r in enumerate(requests):
+            f = hist.count(r, s)
+            q[i, :, 0] = [f, f + 1, f + 2]
+        for x in (h, twin):
+            x.verify(s, requests, q, np.zeros_like(q))
+    h.reserve_ahead(3)
+    accepted = np.array([2, 0, 1], np.int32)
+    with pytest.raises(dhisparse.AcceptanceBeyondBlock):
+        h.commit_step(requests, np.array([2, 3, 1], np.int32))
+    h.commit_step(requests, accepted)
+    for s in range(2):
+        for i, r in enumerate(requests):
+            twin.commit(r, s, int(accepted[i]))
+            assert h.frontier(r, s) == twin.frontier(r, s) == hist.count(r, s) + 1 + accepted[i]
+            for j in range(1 + accepted[i]):
+                assert h.host_row(r, s, 0, hist.count(r, s) + j) == bytes(blocks[(r, s)][0, j])
+
+
+@pytest.mark.parametrize("policy", ["adaptive-mra", "resident"])
+def test_manager_step_wide_writes(policy, rng):
+    m = dhisparse.ResidencyManager("tiny", {"max_requests": 2, "max_rows": 64, "optional_pages": 24},
+                                   {"required_pages": 1}, policy=policy)
+    hist = History(m.hierarchy.layout, seed=2)
+    for r in (1, 2):
+        assert m.admit(r)
+    for step in range(20):
+        m.reserve_ahead(1)
+        rows = [np.stack([hist.new_rows(s, 1) for _ in (1, 2)]) for s in range(2)]
+        m.append_step([1, 2], rows)
+        for s in range(2):
+            for i, r in enumerate((1, 2)):
+                hist.add(r, s, rows[s][i])
+    pinned = policy == "resident"
+    for r in (1, 2):
+        for s in range(2):
+            assert m.hierarchy.frontier(r, s) == 20
+            assert m.optional_pages_of(r, s) == (20 // 8 if pinned else 0)  # a pinning policy maps completed pages
+    assert m.audit() == "" and m.invariant_holds()
+    sel = np.stack([random_selection(rng, 20, m.hierarchy.top_k) for _ in (1, 2)])
+    loc = np.zeros_like(sel)
+    m.hierarchy.resolve(0, [1, 2], sel, loc)
+    check_rows(m.hierarchy, hist, 0, [1, 2], sel, loc)
