@@ -342,7 +342,7 @@ class residency_manager {
     std::vector<std::int64_t> before;
     before.reserve(batch.size());
     for (const auto& item : batch) {
-      books_of(item.request);  // unknown_request before anything changes
+      (void)books_of(item.request);  // unknown_request before anything changes
       before.push_back(h_.frontier(item.request, item.source));
     }
     h_.append_step(batch);
