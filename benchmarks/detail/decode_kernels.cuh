@@ -50,17 +50,19 @@ __device__ inline std::int64_t visible_rows(const step_state& st, std::int32_t s
 
 // ------------------------------------------------------------------ setup (outside the graph)
 
-/// History rows [first, first + count) of (tag, source) in every payload layer, laid out
-/// [layer][count][row_bytes] (what the eager append takes), or at `layer_stride` per layer.
+/// History rows [first, first + count) of (tag, source) in payload layers [first_layer,
+/// first_layer + layers), layer by layer `layer_stride_words` apart ([layer][count][row_bytes] is
+/// what the eager append takes).
 template <int = 0>
-__global__ void history_rows_kernel(std::uint64_t tag, unsigned source, unsigned layers, std::int64_t first,
-                                    std::int64_t count, unsigned words, std::uint64_t* out, std::size_t layer_stride_words) {
+__global__ void history_rows_kernel(std::uint64_t tag, unsigned source, unsigned first_layer, unsigned layers,
+                                    std::int64_t first, std::int64_t count, unsigned words, std::uint64_t* out,
+                                    std::size_t layer_stride_words) {
   const std::size_t total = static_cast<std::size_t>(layers) * static_cast<std::size_t>(count) * words;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t w = i % words, r = (i / words) % static_cast<std::size_t>(count), l = i / words / count;
     out[l * layer_stride_words + r * words + w] =
-        kv_word(tag, source, static_cast<unsigned>(l), first + static_cast<std::int64_t>(r), static_cast<unsigned>(w));
+        kv_word(tag, source, first_layer + static_cast<unsigned>(l), first + static_cast<std::int64_t>(r), static_cast<unsigned>(w));
   }
 }
 
@@ -176,7 +178,7 @@ __global__ void score_kernel(step_state st, unsigned source, float* scores) {
     for (unsigned p = 0; p < 4; ++p)
 #pragma unroll
       for (unsigned b = 0; b < 4; ++b)
-        dot += q[v * 16 + p * 4 + b] * static_cast<int>(static_cast<std::int8_t>((parts[p] >> (8 * b)) & 0xFFu));
+        dot += q[v * 16 + p * 4 + b] * key_dim(parts[p] >> (8 * b));
   }
   scores[static_cast<std::size_t>(e) * st.max_rows + static_cast<std::size_t>(r)] = static_cast<float>(dot) * st.scales[at];
 }

@@ -77,17 +77,20 @@ DHD_HD inline float fp8_e4m3_to_float(std::uint8_t b) {
 /// Indexer key dimensions (int8) per stored row; with the fp32 scale, 132 bytes as the layouts state.
 inline constexpr unsigned index_dims = 128;
 
-/// 8-byte word `w` (of 16) of the int8 index key of (tag, source, row): dims in [-64, 63].
+/// 8-byte word `w` (of 16) of the index key of (tag, source, row): 8 raw bytes, each read as the
+/// int8 dimension `key_dim(byte)`.
 DHD_HD constexpr std::uint64_t key_word(std::uint64_t tag, unsigned source, std::int64_t row, unsigned w) {
-  return mix64(mix64(tag ^ 0x1DE5ull ^ (static_cast<std::uint64_t>(source) << 52) ^ static_cast<std::uint64_t>(row)) + w) &
-         0xBFBFBFBFBFBFBFBFull;  // int8 with bit 6 cleared: [-64, 63]
+  return mix64(mix64(tag ^ 0x1DE5ull ^ (static_cast<std::uint64_t>(source) << 52) ^ static_cast<std::uint64_t>(row)) + w);
 }
 
-/// Scale of a row's index key: a power of two in {1, 1/2, 1/4, 1/8}, so scale * dot is exact in float.
+/// A key byte as its dimension: uniform in [-64, 63] (symmetric, so no row scale dominates).
+DHD_HD constexpr int key_dim(std::uint64_t byte) { return static_cast<int>(byte & 0x7Fu) - 64; }
+
+/// Scale of a row's index key: 1 or 1/2, so scale * dot is exact in float.
 DHD_HD constexpr float key_scale(std::uint64_t tag, unsigned source, std::int64_t row) {
   const auto e = static_cast<unsigned>(mix64(tag ^ 0x5CA1Eull ^ (static_cast<std::uint64_t>(source) << 52) ^
-                                             static_cast<std::uint64_t>(row)) & 3u);
-  return 1.0f / static_cast<float>(1u << e);
+                                             static_cast<std::uint64_t>(row)) & 1u);
+  return e == 0 ? 1.0f : 0.5f;
 }
 
 /// Uniform in [0, 1) from a hash.
@@ -115,7 +118,7 @@ DHD_HD inline float index_score(const int* q, std::uint64_t tag, unsigned source
   int dot = 0;
   for (unsigned w = 0; w < index_dims / 8; ++w) {
     const std::uint64_t k = key_word(tag, source, row, w);
-    for (unsigned b = 0; b < 8; ++b) dot += q[w * 8 + b] * static_cast<int>(static_cast<std::int8_t>((k >> (8 * b)) & 0xFF));
+    for (unsigned b = 0; b < 8; ++b) dot += q[w * 8 + b] * key_dim(k >> (8 * b));
   }
   return static_cast<float>(dot) * key_scale(tag, source, row);
 }

@@ -263,10 +263,10 @@ class decode_run {
         if (p == policy::resident) {
           for (unsigned l = 0; l < layers_of(s); ++l)
             history_rows_kernel<><<<512, 256, 0, stream_>>>(
-                session_tag(i + 1), static_cast<unsigned>(s), 1, 0, ctx_rows_, row_bytes / 8,
+                session_tag(i + 1), static_cast<unsigned>(s), l, 1, 0, ctx_rows_, row_bytes / 8,
                 reinterpret_cast<std::uint64_t*>(resident[r_at + l].p + static_cast<std::size_t>(slot) * max_rows_ * row_bytes), 0);
         } else {
-          history_rows_kernel<><<<512, 256, 0, stream_>>>(session_tag(i + 1), static_cast<unsigned>(s), layers_of(s), 0,
+          history_rows_kernel<><<<512, 256, 0, stream_>>>(session_tag(i + 1), static_cast<unsigned>(s), 0, layers_of(s), 0,
                                                         ctx_rows_, row_bytes / 8, staging.p,
                                                         static_cast<std::size_t>(ctx_rows_) * (row_bytes / 8));
           DHD_CUDA(cudaGetLastError());

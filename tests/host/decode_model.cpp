@@ -160,7 +160,7 @@ std::vector<std::int32_t> brute_top_k(const std::array<int, dm::index_dims>& q, 
     long dot = 0;
     for (unsigned d = 0; d < dm::index_dims; ++d) {
       const auto byte = static_cast<std::uint8_t>(dm::key_word(tag, 0, r, d / 8) >> (8 * (d % 8)));
-      dot += static_cast<long>(q[d]) * static_cast<std::int8_t>(byte);
+      dot += static_cast<long>(q[d]) * (static_cast<int>(byte & 0x7F) - 64);  // documented: uniform in [-64, 63]
     }
     all.emplace_back(static_cast<double>(dot) * dm::key_scale(tag, 0, r), static_cast<std::int32_t>(r));
   }
@@ -246,6 +246,11 @@ TEST_CASE("decode model: results table and JSON") {
   CHECK(j.find("a \\\"quoted\\\" note") != std::string::npos);
   CHECK(std::count(j.begin(), j.end(), '{') == std::count(j.begin(), j.end(), '}'));
   CHECK(dm::json_number(std::nan("")) == "null");
+  // Every key benchmarks/plot_decode.py reads (tests/scripts/plot_decode_test.py uses the same).
+  for (const char* key : {"\"model\"", "\"policy\"", "\"context\"", "\"target_c\"", "\"stand_in\"", "\"admitted\"",
+                          "\"planner_count\"", "\"live\"", "\"p50_ms\"", "\"tokens_per_s\"", "\"host_share\"",
+                          "\"phase_ms\"", "\"mismatches\"", "\"note\"", "\"follower_copies\"", "\"top_k\""})
+    CHECK(j.find(key) != std::string::npos);
   const std::string t = dm::to_table({r});
   CHECK(t.find("adaptive") != std::string::npos);
   CHECK(std::count(t.begin(), t.end(), '\n') == 2);
