@@ -5,13 +5,14 @@
 // for real, top-k, resolve, follower copies, sparse MLA attention, a stand-in GEMM), and every step's
 // attention output is compared bit for bit with the resident computation over the same selections.
 //
-//   bench_decode --smoke                    # <= 60 s on an H200: 2 models x C {4, 64} x 3 policies
+//   bench_decode --smoke                    # <= 60 s on an H200: 2 models x 32K x C {4, 16} x 3 policies
 //   bench_decode --json=out.json [flags]    # the full grid (see --help); plot with benchmarks/plot_decode.py
 //
 // Not a Google Benchmark program: a configuration is a closed loop with its own setup (histories,
 // graphs), timed with CUDA events over its replays; the JSON is written here.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -76,7 +77,7 @@ cli parse(int argc, char** argv) {
     if (a == "--smoke") {
       c.smoke = true;
       c.contexts = {32'000};
-      c.concurrency = {4, 64};
+      c.concurrency = {4, 16};  // low load, where the 1.05x target applies; pins about 2.4 GB of host memory
     } else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -164,8 +165,12 @@ int run(int argc, char** argv) {
         dm::run_options o = c.run;
         o.context = ctx;
         o.target_c = target;
+        const auto t0 = std::chrono::steady_clock::now();
         const auto got = model == "glm-5.3" ? dm::run_glm53(o, c.policies, gemm, stream)
                                             : dm::run_deepseek_v41_flash(o, c.policies, gemm, stream);
+        std::fprintf(stderr, "[%s %lluK C%llu: %.1f s wall, setup included]\n", model.c_str(),
+                     static_cast<unsigned long long>(ctx / 1000), static_cast<unsigned long long>(target),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         for (const auto& r : got) {
           std::fprintf(stderr, "%s", dm::to_table({r}).substr(dm::to_table({}).size()).c_str());
           failed = failed || r.mismatches != 0 || r.note.rfind("FAILED", 0) == 0;
