@@ -25,6 +25,7 @@ namespace dhisparse_bench::decode {
 inline constexpr unsigned max_layers = 4;
 inline constexpr unsigned max_heads = 16;
 inline constexpr unsigned attention_threads = 256;
+static_assert(max_layers == 4, "attention_kernel picks the layer's pool among four with constant indices");
 
 /// Per-slot and per-entry state of the step, shared by every kernel (device pointers; POD).
 struct step_state {
@@ -278,10 +279,13 @@ __device__ inline float attention_query(std::uint64_t tag, unsigned s, unsigned 
   return __fmul_rn(__fsub_rn(__fmul_rn(2.0f, u), 1.0f), rsqrtf(static_cast<float>(dims)));
 }
 
-__device__ inline std::uint8_t attention_byte(const attention_args& a, unsigned l, std::uint64_t tag, dhisparse::row_index row,
+/// Byte d of the row a layer reads for selection entry (row, loc): from `base` (the layer's pool),
+/// or recomputed from (tag, source, layer, row) when `generate`.
+__device__ inline std::uint8_t attention_byte(bool generate, const std::byte* base, unsigned row_bytes, unsigned source,
+                                              unsigned l, std::uint64_t tag, dhisparse::row_index row,
                                               dhisparse::location loc, unsigned d) {
-  if (a.generate) return static_cast<std::uint8_t>(kv_word(tag, a.source, l, row, d / 8) >> (8 * (d % 8)));
-  return static_cast<std::uint8_t>(a.base[l][static_cast<std::size_t>(loc) * a.row_bytes + d]);
+  if (generate) return static_cast<std::uint8_t>(kv_word(tag, source, l, row, d / 8) >> (8 * (d % 8)));
+  return static_cast<std::uint8_t>(base[static_cast<std::size_t>(loc) * row_bytes + d]);
 }
 
 /// Sparse MLA decode attention of one (entry, payload layer) per CTA: `heads` query heads over the
@@ -293,13 +297,16 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(attention_
   constexpr unsigned warps = attention_threads / 32;
   if (e >= *a.count || a.slots[e] < 0) return;
   const std::uint64_t tag = a.tag[a.slots[e]];
-  const unsigned D = a.row_bytes, H = a.heads, K = a.k, V = a.value_dims;
+  const unsigned D = a.row_bytes, H = a.heads, K = a.k, V = a.value_dims, src = a.source;
+  const bool generate = a.generate;
+  // The layer's pool, chosen with constant indices (a runtime index would copy the parameters to local memory).
+  const std::byte* base = l == 0 ? a.base[0] : l == 1 ? a.base[1] : l == 2 ? a.base[2] : a.base[3];
   extern __shared__ float smem[];
   float* q = smem;                              // [H][D]
   float* tile = q + H * D;                      // [H][attention_threads]
   float* red = tile + H * attention_threads;    // [attention_threads]
   float* stat = red + attention_threads;        // max [max_heads], 1/sum [max_heads]
-  for (unsigned i = tid; i < H * D; i += attention_threads) q[i] = attention_query(tag, a.source, l, i / D, i % D, D);
+  for (unsigned i = tid; i < H * D; i += attention_threads) q[i] = attention_query(tag, src, l, i / D, i % D, D);
   __syncthreads();
   const dhisparse::row_index* sel = a.selections + static_cast<std::size_t>(e) * K;
   const dhisparse::location* loc = a.locations + static_cast<std::size_t>(e) * K;
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(attention_
     float x[max_j];
 #pragma unroll
     for (unsigned j = 0; j < max_j; ++j)
-      x[j] = j < nj ? fp8_e4m3_to_float(attention_byte(a, l, tag, row, loc[i], lane + 32 * j)) : 0.0f;
+      x[j] = j < nj ? fp8_e4m3_to_float(attention_byte(generate, base, D, src, l, tag, row, loc[i], lane + 32 * j)) : 0.0f;
     for (unsigned h = 0; h < H; ++h) {
       float p = 0.0f;
 #pragma unroll
@@ -375,17 +382,33 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(attention_
     }
     __syncthreads();
     const unsigned n = K - t0 < attention_threads ? K - t0 : attention_threads;
-    for (unsigned j = 0; j < n; ++j) {
-      const dhisparse::row_index row = sel[t0 + j];
-      if (row < 0) continue;
+    // Eight rows at a time: their bytes are loaded together (eight loads in flight), then
+    // accumulated in ascending selection order, as one row at a time would.
+    constexpr unsigned chunk = 8;
+    for (unsigned j0 = 0; j0 < n; j0 += chunk) {
+      dhisparse::row_index rows[chunk];
+      float xs[chunk][2];
 #pragma unroll
-      for (unsigned vv = 0; vv < 2; ++vv) {
-        const unsigned v = tid + vv * attention_threads;
-        if (v >= V) continue;
-        const float x = fp8_e4m3_to_float(attention_byte(a, l, tag, row, loc[t0 + j], v));
+      for (unsigned u = 0; u < chunk; ++u) rows[u] = j0 + u < n ? sel[t0 + j0 + u] : dhisparse::no_row;
 #pragma unroll
-        for (unsigned h = 0; h < max_heads; ++h)
-          if (h < H) acc[vv][h] = __fmaf_rn(tile[h * attention_threads + j], x, acc[vv][h]);
+      for (unsigned u = 0; u < chunk; ++u)
+#pragma unroll
+        for (unsigned vv = 0; vv < 2; ++vv) {
+          const unsigned v = tid + vv * attention_threads;
+          xs[u][vv] = rows[u] >= 0 && v < V
+                          ? fp8_e4m3_to_float(attention_byte(generate, base, D, src, l, tag, rows[u], loc[t0 + j0 + u], v))
+                          : 0.0f;
+        }
+#pragma unroll
+      for (unsigned u = 0; u < chunk; ++u) {
+        if (rows[u] < 0) continue;  // padding takes no weight (the same for every thread)
+#pragma unroll
+        for (unsigned vv = 0; vv < 2; ++vv) {
+          if (tid + vv * attention_threads >= V) continue;
+#pragma unroll
+          for (unsigned h = 0; h < max_heads; ++h)
+            if (h < H) acc[vv][h] = __fmaf_rn(tile[h * attention_threads + j0 + u], xs[u][vv], acc[vv][h]);
+        }
       }
     }
   }
@@ -393,8 +416,9 @@ __global__ void __launch_bounds__(attention_threads) attention_kernel(attention_
   for (unsigned vv = 0; vv < 2; ++vv) {
     const unsigned v = tid + vv * attention_threads;
     if (v >= V) continue;
-    for (unsigned h = 0; h < H; ++h)
-      a.out[((static_cast<std::size_t>(l) * a.cap + e) * H + h) * V + v] = acc[vv][h];
+#pragma unroll
+    for (unsigned h = 0; h < max_heads; ++h)  // constant indices keep acc in registers
+      if (h < H) a.out[((static_cast<std::size_t>(l) * a.cap + e) * H + h) * V + v] = acc[vv][h];
   }
 }
 
