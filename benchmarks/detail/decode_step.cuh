@@ -342,7 +342,7 @@ class decode_run {
       DHD_CUDA(cudaGetLastError());
     };
     const cudaGraphExec_t step_on = capture([&] { all_phases(true); });
-    const cudaGraphExec_t step_off = o_.stand_in_off_too ? capture([&] { all_phases(false); }) : nullptr;
+    const cudaGraphExec_t step_off = o_.stand_in_off_too && gemm_.enabled() ? capture([&] { all_phases(false); }) : nullptr;
     // Phase graphs in the step's dependency order: writes, index, top-k, resolve, followers,
     // attention, stand-in (+ advance); report_index maps that order onto phase_names.
     static constexpr unsigned report_index[7] = {5, 0, 1, 2, 3, 4, 6};
@@ -432,6 +432,7 @@ class decode_run {
       r.p90_ms = sum.p90_ms;
       r.tokens_per_s = sum.tokens_per_s;
       census_of(r);
+      if (!r.stand_in) r.phase_ms[6] = 0.0;  // the phased steps ran the stand-in; this row's steps did not
       const auto q = simulate_queue(o_.target_c, live, o_.gen_tokens, 1.0, 20 * o_.gen_tokens);
       r.wait_steps = q.mean_wait_steps;
       r.wait_s = q.mean_wait_steps * sum.p50_ms / 1000.0;
