@@ -128,10 +128,11 @@ cli parse(int argc, char** argv) {
   return c;
 }
 
-std::string settings_json(const cli& c, const std::string& device) {
+std::string settings_json(const cli& c, const std::string& device, const dm::stand_in_gemm& gemm) {
   std::ostringstream o;
   o << "{\"device\": \"" << dm::json_escape(device) << "\", \"budget_gib\": " << c.run.budget_gib
-    << ", \"weight_gib\": " << c.weight_gib << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.run.heads
+    << ", \"weight_gib\": " << c.weight_gib << ", \"stand_in_on\": " << (gemm.enabled() ? "true" : "false")
+    << ", \"stand_in_note\": \"" << dm::json_escape(gemm.note()) << "\"" << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.run.heads
     << ", \"drift\": " << c.run.rho << ", \"warmup\": " << c.run.warmup << ", \"timed\": " << c.run.timed
     << ", \"phased\": " << c.run.phased << ", \"gen_tokens\": " << c.run.gen_tokens
     << ", \"slice_sources\": 1, \"model_sources\": {\"glm-5.3\": 21, \"deepseek-v4.1-flash\": 8}"
@@ -154,8 +155,9 @@ int run(int argc, char** argv) {
   std::uint64_t max_c = 1;
   for (auto x : c.concurrency) max_c = std::max(max_c, x);
   dm::stand_in_gemm gemm(c.weight_gib, c.hidden, static_cast<unsigned>(max_c), stream);
-  std::fprintf(stderr, "bench_decode on %s: stand-in %.2f GiB of weights (hidden %u), budget %.1f GiB, drift %.3f\n",
-               prop.name, gemm.weight_bytes() / double(1ull << 30), c.hidden, c.run.budget_gib, c.run.rho);
+  std::fprintf(stderr, "bench_decode on %s: stand-in %.2f GiB of weights (hidden %u)%s%s, budget %.1f GiB, drift %.3f\n",
+               prop.name, gemm.weight_bytes() / double(1ull << 30), c.hidden, gemm.note().empty() ? "" : "; ",
+               gemm.note().c_str(), c.run.budget_gib, c.run.rho);
 
   std::vector<dm::result_row> rows;
   bool failed = false;
@@ -189,7 +191,7 @@ int run(int argc, char** argv) {
   }
   if (!c.json.empty()) {
     std::ofstream f(c.json);
-    f << dm::to_json(rows, settings_json(c, prop.name));
+    f << dm::to_json(rows, settings_json(c, prop.name, gemm));
     if (!f) throw std::runtime_error("cannot write " + c.json);
     std::fprintf(stderr, "bench_decode: wrote %s\n", c.json.c_str());
   }

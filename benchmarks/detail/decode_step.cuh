@@ -19,7 +19,8 @@
 ///   (advance   token counters, a one-CTA kernel, counted in the step)
 /// Phases are also captured as separate graphs (all sources' share of one phase each) and replayed
 /// back to back between events for the breakdown: a phased step is a real step too.
-#include <cublas_v2.h>
+#include <cublas_v2.h>  // types and prototypes only: the library is loaded at run time
+#include <dlfcn.h>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <cuda_runtime.h>
 
@@ -106,19 +107,63 @@ struct dev_array {
   [[nodiscard]] std::size_t bytes() const { return n * sizeof(T); }
 };
 
+/// cuBLAS, loaded at run time (dlopen): the programs need no cuBLAS at link time, and a machine
+/// without it runs everything but the stand-in (which then reports itself off).
+class cublas_library {
+ public:
+  cublas_library() {
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+      lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib_ != nullptr) break;
+    }
+    if (lib_ == nullptr) return;
+    create = reinterpret_cast<decltype(create)>(dlsym(lib_, "cublasCreate_v2"));
+    destroy = reinterpret_cast<decltype(destroy)>(dlsym(lib_, "cublasDestroy_v2"));
+    set_stream = reinterpret_cast<decltype(set_stream)>(dlsym(lib_, "cublasSetStream_v2"));
+    set_workspace = reinterpret_cast<decltype(set_workspace)>(dlsym(lib_, "cublasSetWorkspace_v2"));
+    gemm_ex = reinterpret_cast<decltype(gemm_ex)>(dlsym(lib_, "cublasGemmEx"));
+  }
+  cublas_library(const cublas_library&) = delete;
+  cublas_library& operator=(const cublas_library&) = delete;
+  ~cublas_library() {
+    if (lib_ != nullptr) (void)dlclose(lib_);
+  }
+  [[nodiscard]] bool loaded() const {
+    return create != nullptr && destroy != nullptr && set_stream != nullptr && set_workspace != nullptr && gemm_ex != nullptr;
+  }
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
+  /// The 32-bit-size `cublasGemmEx` (C++ also declares a 64-bit overload).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+                            cudaDataType, int, const void*, cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+
+ private:
+  void* lib_ = nullptr;
+};
+
 /// The stand-in for the rest of the model: Y[C x N] = X[C x hidden] W^T with W [N x hidden] bf16,
 /// N = weight bytes / (2 hidden). One GEMM per step reads every weight once, as a decode step of
-/// the absent layers would; batching amortises it the same way.
+/// the absent layers would; batching amortises it the same way. Off with 0 GiB, or when cuBLAS
+/// cannot be loaded (`note()` says so).
 class stand_in_gemm {
  public:
   stand_in_gemm(double weight_gib, unsigned hidden, unsigned max_batch, cudaStream_t stream) : hidden_(hidden) {
     const auto bytes = static_cast<std::uint64_t>(weight_gib * static_cast<double>(1ull << 30));
     n_ = static_cast<unsigned>(bytes / (2ull * hidden) / 256 * 256);
     if (n_ == 0) return;
-    DHD_BLAS(cublasCreate(&handle_));
-    DHD_BLAS(cublasSetStream(handle_, stream));
+    blas_ = std::make_unique<cublas_library>();
+    if (!blas_->loaded()) {
+      note_ = "cuBLAS not found: stand-in off";
+      n_ = 0;
+      return;
+    }
+    DHD_BLAS(blas_->create(&handle_));
+    DHD_BLAS(blas_->set_stream(handle_, stream));
     workspace_ = dev_array<std::byte>(32u << 20);  // given to cuBLAS: nothing is allocated under capture
-    DHD_BLAS(cublasSetWorkspace(handle_, workspace_.p, workspace_.bytes()));
+    DHD_BLAS(blas_->set_workspace(handle_, workspace_.p, workspace_.bytes()));
     w_ = dev_array<std::uint16_t>(static_cast<std::size_t>(n_) * hidden);
     x_ = dev_array<std::uint16_t>(static_cast<std::size_t>(max_batch) * hidden);
     y_ = dev_array<std::uint16_t>(static_cast<std::size_t>(max_batch) * n_);
@@ -128,24 +173,28 @@ class stand_in_gemm {
   stand_in_gemm(const stand_in_gemm&) = delete;
   stand_in_gemm& operator=(const stand_in_gemm&) = delete;
   ~stand_in_gemm() {
-    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+    if (handle_ != nullptr) (void)blas_->destroy(handle_);
   }
   [[nodiscard]] bool enabled() const { return n_ != 0; }
   [[nodiscard]] double weight_bytes() const { return 2.0 * n_ * hidden_; }
-  /// Enqueues the GEMM for `batch` rows on the handle's stream (capturable).
+  /// Why the stand-in is off although weights were asked for (empty otherwise).
+  [[nodiscard]] const std::string& note() const { return note_; }
+  /// Enqueues the GEMM for `batch` rows on `stream` (capturable).
   void enqueue(unsigned batch, cudaStream_t stream) {
     if (n_ == 0 || batch == 0) return;
-    DHD_BLAS(cublasSetStream(handle_, stream));
+    DHD_BLAS(blas_->set_stream(handle_, stream));
     const float alpha = 1.0f, beta = 0.0f;
-    DHD_BLAS(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_), static_cast<int>(batch),
-                          static_cast<int>(hidden_), &alpha, w_.p, CUDA_R_16BF, static_cast<int>(hidden_), x_.p,
-                          CUDA_R_16BF, static_cast<int>(hidden_), &beta, y_.p, CUDA_R_16BF, static_cast<int>(n_),
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    DHD_BLAS(blas_->gemm_ex(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_), static_cast<int>(batch),
+                            static_cast<int>(hidden_), &alpha, w_.p, CUDA_R_16BF, static_cast<int>(hidden_), x_.p,
+                            CUDA_R_16BF, static_cast<int>(hidden_), &beta, y_.p, CUDA_R_16BF, static_cast<int>(n_),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
  private:
+  std::unique_ptr<cublas_library> blas_;
   cublasHandle_t handle_ = nullptr;
   unsigned hidden_ = 0, n_ = 0;
+  std::string note_;
   dev_array<std::byte> workspace_;
   dev_array<std::uint16_t> w_, x_, y_;
 };
