@@ -407,14 +407,15 @@ class decode_run {
     });
 
     // Replays.
-    cudaEvent_t ev[8];
-    for (auto& e : ev) DHD_CUDA(cudaEventCreate(&e));
+    cudaEvent_t ev[8] = {};
     struct event_guard {
       cudaEvent_t* e;
       ~event_guard() {
-        for (int i = 0; i < 8; ++i) (void)cudaEventDestroy(e[i]);
+        for (int i = 0; i < 8; ++i)
+          if (e[i] != nullptr) (void)cudaEventDestroy(e[i]);
       }
     } eguard{ev};
+    for (auto& e : ev) DHD_CUDA(cudaEventCreate(&e));
     std::vector<double> on_ms, off_ms;
     std::vector<std::vector<double>> phase_ms(7);
     std::array<unsigned long long, 8> before{};
