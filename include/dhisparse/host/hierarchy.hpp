@@ -899,9 +899,13 @@ class host_hierarchy {
         throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
     }
   }
+  // The throw lives out of line so that check_source inlines and the compiler knows source <
+  // sources after it (GCC's -Warray-bounds otherwise follows a constant bad source past the check).
+  [[noreturn]] static void throw_invalid_source(std::size_t source) {
+    throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
   static void check_source(std::size_t source) {
-    if (source >= sources)
-      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+    if (source >= sources) throw_invalid_source(source);
   }
   static void check_layer(std::size_t source, std::size_t layer) {
     check_source(source);
