@@ -26,7 +26,9 @@
 /// Speculative verification (hierarchy_config::max_block = K_max > 1, docs/speculative.md):
 /// `stage_block`, `verify` and `commit` follow the host reference call for call, with the same pool
 /// geometry (tail ring of T + K_max rows, K_max * top_k staging rows per slot); the kernels are in
-/// detail/verify_kernel.cuh.
+/// detail/verify_kernel.cuh. Their batched, capturable forms over device views (`stage_blocks` /
+/// `stage_step`, `verify(source, verify_batch_view)`, `commit(source, commit_view)` /
+/// `commit_step`) let one CUDA graph hold a whole round (detail/write_kernel.cuh).
 #include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
