@@ -7,7 +7,8 @@
 //   decode step: append_step(step_write_items)                <- the step's new KV rows, every source, one call
 //                then per source: resolve(source, batch, producer_only), copy_follower(source, l),
 //                            attention reads exactly the returned locations of every layer
-//   speculative round, per source: stage_block (per request), verify(source, batch),
+//   speculative round: stage_step(step_stage_items)             <- every block, every source, one call
+//                then per source: verify(source, batch), copy_follower(source, l),
 //                            attention over every query;
 //                then commit_step(step_commit_items)                <- every source, one call
 //
@@ -152,13 +153,22 @@ struct engine {
     std::map<request_id, std::size_t> accepted;  // the sampler's accepted proposals, the same on every source
     for (const auto& [id, t] : tag) accepted[id] = rng() % kBlock;
     std::vector<step_commit_item> commits;
+    // The target's forward over every block: one step-wide stage of every request on every source.
+    std::vector<std::vector<std::byte>> blocks;
+    std::vector<step_stage_item> stage;
+    for (const auto& [id, t] : tag)
+      for (std::size_t s = 0; s < kSources; ++s)
+        blocks.push_back(produce_rows(t, s, h.positions(id, s), kBlock));  // anchor + proposals
+    std::size_t b = 0;
+    for (const auto& [id, t] : tag)
+      for (std::size_t s = 0; s < kSources; ++s) stage.push_back({id, s, blocks[b++], kBlock});
+    h.stage_step(stage);
     for (std::size_t s = 0; s < kSources; ++s) {
       std::vector<request_id> ids;
       std::vector<std::vector<std::vector<row_index>>> q;
       std::vector<std::vector<std::vector<location>>> ql;
       for (const auto& [id, t] : tag) {
         const std::int64_t n = h.positions(id, s);
-        h.stage_block(id, s, produce_rows(t, s, n, kBlock), kBlock);  // anchor + proposals
         ids.push_back(id);
         std::vector<std::vector<row_index>> queries;
         for (std::size_t j = 0; j < kBlock; ++j) queries.push_back(select(n + static_cast<std::int64_t>(j) + 1));

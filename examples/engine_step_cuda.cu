@@ -5,22 +5,22 @@
 // others follow its locations) runs decode steps and speculative rounds, with requests completing
 // and new ones admitted into their slots between replays.
 //
-//   decode graph:                               speculative graph (max_block > 1), per source:
-//     KV-producing kernels -> new rows of         indexer kernel -> K_r selections per request
-//       every source                              verify(source, verify_batch_view, producer_only)
-//     ONE append_step(kv_step_write_view,         copy_follower(source, l) for every follower
-//       backup, stream): every source, the host   attention reads exactly the returned locations
-//       copy forked onto the backup stream      then: sampler kernel -> accepted counts,
-//     per source: indexer kernel -> selections,   ONE commit_step(commit_step_view, backup, stream)
-//       resolve(source, batch_view,              join_backup(stream) at the end of the graph
-//       producer_only), copy_follower(source, l) staged before the replay (not capturable):
-//       for every follower, attention reads       block kernel -> stage_block per request/source
+//   decode graph:                               speculative graph (max_block > 1):
+//     KV-producing kernels -> new rows of         block kernel -> every block on every source,
+//       every source                              ONE stage_step(stage_step_view, stream); per source:
+//     ONE append_step(kv_step_write_view,         indexer kernel -> K_r selections per request
+//       backup, stream): every source, the host   verify(source, verify_batch_view, producer_only)
+//       copy forked onto the backup stream        copy_follower(source, l) for every follower
+//     per source: indexer kernel -> selections,   attention reads exactly the returned locations
+//       resolve(source, batch_view,             then: sampler kernel -> accepted counts,
+//       producer_only), copy_follower(source, l)  ONE commit_step(commit_step_view, backup, stream)
+//       for every follower, attention reads       join_backup(stream) at the end of the graph
 //       exactly the returned locations
 //   then: step stats, advance the engine's sequence lengths, all on the device;
 //     join_backup(stream) as the graph's last node (the backup ran beside the resolves)
 //
 //   between replays (host): complete/admit requests (prefill: eager append), upload the step's
-//   entry list (slots, counts) with cudaMemcpyAsync, reserve_ahead every few steps,
+//   entry list (slots, counts, a round's K_r) with cudaMemcpyAsync, reserve_ahead every few steps,
 //   check_errors every few steps (it also synchronises the stream).
 //
 // Every graph reads what changes (entries, their slots and counts, the step number, the sequence
@@ -139,9 +139,8 @@ struct model_buffers {
   std::uint32_t pool_rows = 0;
   const std::byte* pool[kSources][kMaxLayers] = {};  // h.pool(s, l): row `loc` at pool + loc * kRowBytes
   std::byte* new_rows[kSources][kMaxLayers] = {};    // a decode step's new rows, entry e at e * kRowBytes
-  std::byte* block_rows[kSources] = {};              // a round's block, entry e at e * kBlockBytes
+  std::byte* block_rows[kSources][kMaxLayers] = {};  // a round's blocks: entry e's row j at (e * kBlock + j) * kRowBytes
 };
-constexpr std::size_t kBlockBytes = kMaxLayers * kBlock * kRowBytes;  // [layer][K_r][row] of one entry
 
 // ------------------------------------------------------------------ stand-in kernels
 
@@ -171,9 +170,10 @@ __global__ void prefill_kernel(std::uint64_t tag, unsigned s, unsigned layers, s
 }
 
 /// Stand-in for the target model's forward over a speculative block: positions length .. length
-/// + K_r - 1 of every payload layer of source blockIdx.y, laid out [layer][K_r][row] as
-/// stage_block expects. (The content depends only on the position, so a rejected proposal's
-/// position later holds the same bytes: the checks stay a function of (request, source, layer, row).)
+/// + K_r - 1 of every payload layer of source blockIdx.y, entry e's row j at row e * kBlock + j of
+/// each (source, layer) buffer, as stage_step_view expects with `first` null and max_block kBlock.
+/// (The content depends only on the position, so a rejected proposal's position later holds the
+/// same bytes: the checks stay a function of (request, source, layer, row).)
 __global__ void produce_block_kernel(step_control c, model_buffers m) {
   const unsigned e = blockIdx.x, s = blockIdx.y;
   const std::int32_t slot = c.slots[e];
@@ -182,7 +182,7 @@ __global__ void produce_block_kernel(step_control c, model_buffers m) {
   const std::int64_t n = c.length[slot];
   for (unsigned u = threadIdx.x; u < m.layers[s] * kr * kWords; u += blockDim.x) {
     const unsigned w = u % kWords, j = (u / kWords) % kr, l = u / kWords / kr;
-    reinterpret_cast<std::uint64_t*>(m.block_rows[s] + e * kBlockBytes)[(l * kr + j) * kWords + w] =
+    reinterpret_cast<std::uint64_t*>(m.block_rows[s][l] + (e * kBlock + j) * kRowBytes)[w] =
         kv_word(c.tag[slot], s, l, n + j, w);
   }
 }
@@ -362,18 +362,22 @@ class engine {
     c_.out = out_.data();
     c_.counters = counters_.data();
     m_.pool_rows = static_cast<std::uint32_t>(h_.pool_rows());
-    std::vector<const std::byte*> step_ptrs(Hierarchy::step_layers);
+    std::vector<const std::byte*> step_ptrs(Hierarchy::step_layers), block_ptrs(Hierarchy::step_layers);
     for (std::size_t s = 0; s < kSources; ++s) {
       m_.layers[s] = static_cast<std::uint32_t>(kLayersOf[s]);
-      m_.block_rows[s] = block_bytes_.data() + s * kSlots * kBlockBytes;
       for (std::size_t l = 0; l < kLayersOf[s]; ++l) {
         m_.pool[s][l] = h_.pool(s, l);
         m_.new_rows[s][l] = new_rows_.data() + (s * kMaxLayers + l) * kSlots * kRowBytes;
+        m_.block_rows[s][l] = block_bytes_.data() + (s * kMaxLayers + l) * kSlots * kBlock * kRowBytes;
         step_ptrs[Hierarchy::step_layer_index(s, l)] = m_.new_rows[s][l];
+        block_ptrs[Hierarchy::step_layer_index(s, l)] = m_.block_rows[s][l];
       }
     }
-    // kv_step_write_view reads one buffer address per (source, payload layer) from device memory.
+    // kv_step_write_view and stage_step_view read one buffer address per (source, payload layer)
+    // from device memory.
     DHISPARSE_CUDA_TRY(cudaMemcpy(layer_rows_.data(), step_ptrs.data(), step_ptrs.size() * sizeof(void*),
+                                  cudaMemcpyHostToDevice));
+    DHISPARSE_CUDA_TRY(cudaMemcpy(block_layer_rows_.data(), block_ptrs.data(), block_ptrs.size() * sizeof(void*),
                                   cudaMemcpyHostToDevice));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(step_.data(), 0, step_.bytes(), stream_));
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(counters_.data(), 0, counters_.bytes(), stream_));
@@ -424,10 +428,19 @@ class engine {
     h_.join_backup(stream_);  // last: nothing of the step waited for the backup
   }
 
-  /// One speculative round over blocks staged before the replay: per source the indexer's K_r
-  /// queries, the verify, the follower copies and attention; then the sampler's accepted counts
-  /// and one batched commit per source.
+  /// One speculative round: the target's forward over every block and ONE step-wide stage of
+  /// every block on every source; per source the indexer's K_r queries, the verify, the follower
+  /// copies and attention; then the sampler's accepted counts and one step-wide commit.
   void enqueue_speculative_round() {
+    produce_block_kernel<<<dim3(kSlots, kSources), 128, 0, stream_>>>(c_, m_);
+    launched();
+    dhc::stage_step_view stage;
+    stage.slots = slots_.data();
+    stage.counts = block_.data();  // K_r of each entry, the drafter's (uploaded between replays)
+    stage.layer_rows = block_layer_rows_.data();
+    stage.max_block = kBlock;
+    stage.capacity = kSlots;
+    h_.stage_step(stage, stream_);
     for (unsigned s = 0; s < kSources; ++s) {
       const auto& v = verify_[s];
       indexer_kernel<<<dim3(kSlots, kBlock), K, 0, stream_>>>(
@@ -454,18 +467,12 @@ class engine {
 
   // ---- between replays (host)
 
-  /// Stages every live request's block on every source. stage_block is per request and not
-  /// capturable (there is no batched stage): a kernel writes the blocks, then one call per
-  /// (request, source). Once the graphs' batched writes ran, each call first absorbs the device
-  /// frontiers (sync_books: a stream synchronisation per call).
-  void stage_round(std::mt19937_64& rng) {
+  /// The drafter's block widths of the next round: K_r of every live entry (padding 0), uploaded
+  /// before the replay. Nothing else of the round runs on the host: the blocks are produced and
+  /// staged inside the speculative graph.
+  void draft_round(std::mt19937_64& rng) {
     for (std::size_t e = 0; e < kSlots; ++e) h_block_[e] = e < live_.size() ? static_cast<std::int32_t>(1 + rng() % kBlock) : 0;
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(block_.data(), h_block_.data(), block_.bytes(), cudaMemcpyHostToDevice, stream_));
-    produce_block_kernel<<<dim3(kSlots, kSources), 128, 0, stream_>>>(c_, m_);
-    launched();
-    for (std::size_t e = 0; e < live_.size(); ++e)
-      for (std::size_t s = 0; s < kSources; ++s)
-        h_.stage_block(live_[e].id, s, m_.block_rows[s] + e * kBlockBytes, static_cast<std::size_t>(h_block_[e]), stream_);
   }
 
   /// Admits a request (if a slot is free), writes its prefill on every source (eager appends,
@@ -573,8 +580,9 @@ class engine {
   dhc::device_buffer<std::uint64_t> out_{static_cast<std::size_t>(kSlots) * kBlock * kSources * kMaxLayers};
   dhc::device_buffer<step_counters> counters_{1};
   dhc::device_buffer<std::byte> new_rows_{kSources * kMaxLayers * kSlots * kRowBytes};
-  dhc::device_buffer<std::byte> block_bytes_{kSources * kSlots * kBlockBytes};
+  dhc::device_buffer<std::byte> block_bytes_{kSources * kMaxLayers * kSlots * kBlock * kRowBytes};
   dhc::device_buffer<const std::byte*> layer_rows_{Hierarchy::step_layers};
+  dhc::device_buffer<const std::byte*> block_layer_rows_{Hierarchy::step_layers};
   dhc::device_buffer<std::uint64_t> prefill_{kMaxLayers * kMaxPrefill * kWords};
   dhc::device_buffer<dhc::entry_stats> resolve_stats_{kSources * kSlots};
   dhc::device_buffer<dhc::verify_entry_stats> verify_stats_{kSources * kSlots};
@@ -635,7 +643,7 @@ int run() {
   cudaGraphExec_t speculative = capture([&] { eng.enqueue_speculative_round(); });
 
   // No explicit sync_books in the loop: every eager call that reads the host books (reserve_ahead,
-  // stage_block, complete, append, reserve_rows) absorbs the device frontiers first on its stream.
+  // complete, append, reserve_rows) absorbs the device frontiers first on its stream.
   // An engine that reads frontier()/positions() itself, or its own books, calls
   // h.sync_books(stream) first (check_histories does).
   int decode_replays = 0, speculative_replays = 0, admitted = 0, completed = 0;
@@ -644,7 +652,7 @@ int run() {
     // row or a whole accepted block each); absorbs the device frontiers first.
     if (step % kReserveEvery == 0) h.reserve_ahead(kReserveEvery * kBlock, stream);
     if (step % kSpecEvery == kSpecEvery - 1) {
-      eng.stage_round(rng);
+      eng.draft_round(rng);
       DHISPARSE_CUDA_TRY(cudaGraphLaunch(speculative, stream));
       ++speculative_replays;
     } else {

@@ -4,11 +4,13 @@
 //   1. size a hierarchy with K_max > 1 and shared staging arenas, and a draft ring store for the
 //      same request slots (ask for the bytes first, then construct);
 //   2. admit requests and prefill their history on every source (and the drafter's ring);
-//   3. each round, per request: the drafter writes its block into the ring, the target stages the
-//      block's KV on every source;
-//   4. one source (layer group) at a time: verify the batch, let attention (here a gather kernel)
-//      read the returned locations, release the shared staging arenas for the next source;
-//   5. accept a prefix, commit it on every source and in the draft ring;
+//   3. each round, per request: the drafter writes its block into the ring; then ONE CUDA graph,
+//      captured once and replayed every round over device buffers, runs the target's part: the
+//      block's KV staged on every source (stage_step, one launch),
+//   4. one source (layer group) at a time: verify over a device descriptor, attention (here a
+//      gather kernel) reading the returned locations, release of the shared staging arenas,
+//   5. the accepted prefix committed on every source (commit_step, accepted counts read on the
+//      device); the draft ring's books follow on the host;
 //   6. at the end, the committed history must equal a plain decode of the accepted tokens.
 //
 // Exits 0 on success, and also when no GPU is present (it says so); 1 a byte did not match,
@@ -28,6 +30,8 @@
 
 #include <dhisparse/cuda/draft_ring_store.cuh>
 #include <dhisparse/cuda/hierarchy.cuh>
+#include <dhisparse/cuda/kv_write.cuh>
+#include <dhisparse/cuda/verify_batch.cuh>
 #include <dhisparse/layouts/tiny.hpp>
 #include <dhisparse/policies/draft_ring.hpp>
 #include <dhisparse/policies/staging_arena.hpp>
@@ -115,28 +119,84 @@ int run() {
     DHISPARSE_CUDA_TRY(ring.prefill(rq.slot, rq.tokens.size(), rows.data(), live, stream));  // pageable: staged now
   }
 
-  // Device buffers of one verify: K_max query slots of top_k entries per request (K_r used), their
-  // locations, and what the gather "attention" read per payload layer.
+  // 3-5 as ONE CUDA graph, captured once and replayed every round, over device buffers whose
+  // contents change between replays (nothing per request runs on the host inside a round):
+  //   stage_step   the block of every request on every source (one launch);
+  //   per source   verify over a verify_batch_view, attention (the gather kernel) on every payload
+  //                layer, release of the shared staging arenas for the next source;
+  //   commit_step  the accepted prefix of every request on every source (one launch), with the
+  //                accepted counts read on the device (an engine's sampler writes them there).
   constexpr std::size_t max_layers = dh::max_payload_layers_per_source<Layout>();
   constexpr std::size_t widest = dh::widest_row_bytes<Layout>();
-  dhc::device_buffer<dh::row_index> d_selections(query_slots * top_k);
-  dhc::device_buffer<dh::location> d_locations(query_slots * top_k);
-  std::array<dhc::device_buffer<std::byte>, max_layers> d_read;
-  for (auto& b : d_read) b = dhc::device_buffer<std::byte>(query_slots * top_k * widest);
-  std::vector<dh::row_index> selections(query_slots * top_k);
-  std::vector<dh::location> locations(selections.size());
-  std::vector<std::byte> read(query_slots * top_k * widest);
-  std::vector<dhc::verify_query> queries(query_slots);
-  for (std::size_t q = 0; q < query_slots; ++q)
-    queries[q] = {d_selections.data() + q * top_k, static_cast<std::int32_t>(top_k), d_locations.data() + q * top_k};
-  std::vector<dhc::verify_batch_item> batch(requests);
+  // Block rows of the stage: one buffer per (source, payload layer) (Hierarchy::step_layer_index),
+  // request r's block at rows r * K_max .., as the target's forward pass would write them.
+  std::vector<dhc::device_buffer<std::byte>> d_block;
+  std::vector<std::vector<std::byte>> block_rows(Hierarchy::step_layers);
+  std::vector<const std::byte*> block_ptrs(Hierarchy::step_layers);
+  for (std::size_t s = 0; s < sources; ++s)
+    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {  // step_layer_index order
+      const std::size_t at = Hierarchy::step_layer_index(s, l);
+      block_rows[at].resize(requests * max_block * Layout::sources[s].row_bytes);
+      d_block.emplace_back(block_rows[at].size());
+      block_ptrs[at] = d_block.back().data();
+    }
+  dhc::device_buffer<const std::byte*> d_block_ptrs(Hierarchy::step_layers);
+  DHISPARSE_CUDA_TRY(cudaMemcpy(d_block_ptrs.data(), block_ptrs.data(), block_ptrs.size() * sizeof(void*),
+                                cudaMemcpyHostToDevice));
+  // Per request: its slot, its block's K_r and its accepted count (device arrays of the views).
+  dhc::device_buffer<std::int32_t> d_slots(requests), d_counts(requests), d_accepted(requests);
+  std::vector<std::int32_t> slots(requests), counts(requests), accepted_counts(requests);
+  for (std::size_t r = 0; r < requests; ++r) slots[r] = static_cast<std::int32_t>(reqs[r].slot);
+  DHISPARSE_CUDA_TRY(cudaMemcpy(d_slots.data(), slots.data(), requests * 4, cudaMemcpyHostToDevice));
+  dhc::stage_step_view stage;
+  stage.slots = d_slots.data();
+  stage.counts = d_counts.data();
+  stage.layer_rows = d_block_ptrs.data();
+  stage.max_block = max_block;
+  stage.capacity = requests;
+  const dhc::commit_step_view commit{d_slots.data(), d_accepted.data(), requests};
+  // The verify descriptors (one per source: its queries are the source's own indexer's top-k)
+  // and what the gather "attention" read per payload layer.
+  std::vector<dhc::device_verify_batch> verify_batches;
+  for (std::size_t s = 0; s < sources; ++s)
+    verify_batches.emplace_back(static_cast<std::uint32_t>(requests), static_cast<std::uint32_t>(max_block),
+                                static_cast<std::uint32_t>(top_k));
+  std::array<std::array<dhc::device_buffer<std::byte>, max_layers>, sources> d_read;
+  for (auto& per_source : d_read)
+    for (auto& b : per_source) b = dhc::device_buffer<std::byte>(query_slots * top_k * widest);
 
+  h.reserve_ahead(8 * max_block, stream);  // host pages of the commits ahead (again every 8 rounds)
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t round_graph = nullptr;
+  DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  h.stage_step(stage, stream);
+  for (std::size_t s = 0; s < sources; ++s) {
+    h.verify(s, verify_batches[s].view(), stream);
+    // Attention of this layer group, behind the verify: every payload layer reads the rows at
+    // the returned locations. Then the arenas may go to the next source's verify.
+    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+      gather_rows<<<static_cast<unsigned>(query_slots), 64, 0, stream>>>(
+          h.view(s), static_cast<unsigned>(l), verify_batches[s].locations(), query_slots * top_k, d_read[s][l].data());
+    DHISPARSE_CUDA_TRY(cudaGetLastError());
+    h.release_staging(s, stream);
+  }
+  h.commit_step(commit, stream, stream);  // backup == stream: host copies written inline
+  DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+  DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&round_graph, graph, 0));
+
+  std::vector<std::vector<dh::row_index>> selections(sources, std::vector<dh::row_index>(query_slots * top_k));
+  std::vector<dh::location> locations(query_slots * top_k);
+  std::vector<std::byte> read(query_slots * top_k * widest);
   dh::verify_stats verified;
   std::size_t proposed = 0, accepted_proposals = 0, accepted_tokens = 0, checked = 0, mismatches = 0;
   for (std::size_t round = 0; round < rounds; ++round) {
-    // 3. Per request: the drafter writes its block (anchor + proposals) into the ring, then the
-    //    target's forward pass over the block stages its KV on every source.
-    for (auto& rq : reqs) {
+    if (round % 8 == 7) h.reserve_ahead(8 * max_block, stream);  // between replays, never inside the graph
+    // The drafter writes its block (anchor + proposals) into the ring; the target's forward pass
+    // over the block produces its KV (here: written into the stage buffers). Acceptance (here
+    // random; an engine's sampler on the GPU) is known before the replay only because this
+    // example checks the round afterwards.
+    for (std::size_t r = 0; r < requests; ++r) {
+      auto& rq = reqs[r];
       const auto n = static_cast<std::int64_t>(rq.tokens.size());  // == h.positions(id, s) on every source
       const std::size_t kr = 1 + rng() % max_block;                // K_r may differ per request and round
       rq.block.resize(kr);
@@ -144,52 +204,53 @@ int run() {
       const auto draft = draft_rows(rq.id, n, rq.block);
       DHISPARSE_CUDA_TRY(ring.write(rq.slot, static_cast<std::uint64_t>(n), draft.data(), kr, stream));
       for (std::size_t s = 0; s < sources; ++s) {
-        const auto rows = target_rows(rq.id, s, n, rq.block);
-        h.stage_block(rq.id, s, std::span<const std::byte>(rows), kr, stream);
+        const auto& d = Layout::sources[s];
+        const auto rows = target_rows(rq.id, s, n, rq.block);  // [layer][kr][row_bytes]
+        for (std::size_t l = 0; l < d.payload_layers; ++l)
+          std::memcpy(block_rows[Hierarchy::step_layer_index(s, l)].data() + r * max_block * d.row_bytes,
+                      rows.data() + l * kr * d.row_bytes, kr * d.row_bytes);
       }
+      counts[r] = static_cast<std::int32_t>(kr);
+      accepted_counts[r] = static_cast<std::int32_t>(rng() % kr);  // 0 <= A <= K_r - 1
       proposed += kr - 1;
     }
+    for (std::size_t s = 0; s < sources; ++s) {
+      std::vector<std::vector<std::span<const dh::row_index>>> queries(requests);
+      std::vector<dhc::device_verify_batch::round> batch(requests);
+      std::fill(selections[s].begin(), selections[s].end(), dh::no_row);
+      for (std::size_t r = 0; r < requests; ++r) {
+        for (std::size_t j = 0; j < reqs[r].block.size(); ++j) {  // each query its own selection (the indexer's top-k)
+          const auto q = make_query(rng, static_cast<std::int64_t>(reqs[r].tokens.size()), j);
+          auto* at = selections[s].data() + (r * max_block + j) * top_k;
+          std::copy(q.begin(), q.end(), at);
+          queries[r].emplace_back(at, top_k);
+        }
+        batch[r] = {slots[r], queries[r]};
+      }
+      verify_batches[s].upload(batch, stream);  // query slots past a request's K_r read as no_location
+    }
+    for (std::size_t i = 0; i < block_rows.size(); ++i)
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_block[i].data(), block_rows[i].data(), block_rows[i].size(),
+                                         cudaMemcpyHostToDevice, stream));  // pageable: copied before it returns
+    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_counts.data(), counts.data(), requests * 4, cudaMemcpyHostToDevice, stream));
+    DHISPARSE_CUDA_TRY(
+        cudaMemcpyAsync(d_accepted.data(), accepted_counts.data(), requests * 4, cudaMemcpyHostToDevice, stream));
+    DHISPARSE_CUDA_TRY(cudaGraphLaunch(round_graph, stream));
 
-    // 4. One source (layer group) at a time: verify, attention, release the shared arenas.
+    // Checks outside the hot path: device-side errors of the round, then the bytes attention read.
+    h.check_errors(stream);  // synchronises the stream
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
-      std::fill(selections.begin(), selections.end(), dh::no_row);
-      for (std::size_t r = 0; r < requests; ++r) {
-        const std::size_t kr = reqs[r].block.size();
-        for (std::size_t j = 0; j < kr; ++j) {  // each query its own selection (the indexer's top-k)
-          const auto q = make_query(rng, static_cast<std::int64_t>(reqs[r].tokens.size()), j);
-          std::copy(q.begin(), q.end(), selections.begin() + static_cast<std::ptrdiff_t>((r * max_block + j) * top_k));
-        }
-        batch[r] = dhc::verify_batch_item{reqs[r].id,
-                                          std::span<const dhc::verify_query>(queries).subspan(r * max_block, kr)};
-      }
-      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_selections.data(), selections.data(), d_selections.bytes(),
-                                         cudaMemcpyHostToDevice, stream));
-      // query slots past a request's K_r are not verified: they read as no_location (-1)
-      DHISPARSE_CUDA_TRY(cudaMemsetAsync(d_locations.data(), 0xFF, d_locations.bytes(), stream));
-      h.verify(s, std::span<const dhc::verify_batch_item>(batch), stream);
-
-      // Attention of this layer group, enqueued behind the verify: every payload layer reads the
-      // rows at the returned locations. Then the arenas may go to the next source's verify.
-      for (std::size_t l = 0; l < d.payload_layers; ++l)
-        gather_rows<<<static_cast<unsigned>(query_slots), 64, 0, stream>>>(h.view(s), static_cast<unsigned>(l),
-                                                                          d_locations.data(), query_slots * top_k,
-                                                                          d_read[l].data());
-      DHISPARSE_CUDA_TRY(cudaGetLastError());
-      h.release_staging(s, stream);  // this source's attention is enqueued: the next source may reuse the arenas
-
-      // Checks outside the hot path: device-side errors of the verify, then the bytes attention read.
-      h.check_errors(stream);  // synchronises the stream
       for (const auto& st : h.last_verify_stats(s)) verified += st;
-      DHISPARSE_CUDA_TRY(cudaMemcpy(locations.data(), d_locations.data(), locations.size() * sizeof(dh::location),
-                                    cudaMemcpyDeviceToHost));
+      DHISPARSE_CUDA_TRY(cudaMemcpy(locations.data(), verify_batches[s].locations(),
+                                    locations.size() * sizeof(dh::location), cudaMemcpyDeviceToHost));
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
-        DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), d_read[l].data(), read.size(), cudaMemcpyDeviceToHost));
+        DHISPARSE_CUDA_TRY(cudaMemcpy(read.data(), d_read[s][l].data(), read.size(), cudaMemcpyDeviceToHost));
         for (std::size_t r = 0; r < requests; ++r)
           for (std::size_t j = 0; j < reqs[r].block.size(); ++j)
             for (std::size_t i = 0; i < top_k; ++i, ++checked) {
               const std::size_t at = (r * max_block + j) * top_k + i;
-              const dh::row_index e = selections[at];
+              const dh::row_index e = selections[s][at];
               if (e == dh::no_row) {
                 mismatches += locations[at] == dh::no_location ? 0 : 1;
                 continue;
@@ -200,23 +261,25 @@ int run() {
       }
     }
 
-    // 5. Acceptance (here random): the anchor and A proposals become committed on every source
-    //    and in the draft ring; the rest of the block is discarded.
-    for (auto& rq : reqs) {
-      const std::size_t accepted = rng() % rq.block.size();  // 0 <= A <= K_r - 1
-      for (std::size_t s = 0; s < sources; ++s) h.commit(rq.id, s, accepted, stream);
-      ring.commit(rq.slot, accepted);  // books only: no device work
+    // The anchor and A proposals became committed on every source; the draft ring's books follow
+    // (books only, no device work); the rest of the block was discarded.
+    for (std::size_t r = 0; r < requests; ++r) {
+      auto& rq = reqs[r];
+      const auto accepted = static_cast<std::size_t>(accepted_counts[r]);
+      ring.commit(rq.slot, accepted);
       rq.tokens.insert(rq.tokens.end(), rq.block.begin(), rq.block.begin() + static_cast<std::ptrdiff_t>(accepted + 1));
       accepted_proposals += accepted;
       accepted_tokens += accepted + 1;
     }
   }
+  DHISPARSE_CUDA_TRY(cudaGraphExecDestroy(round_graph));
+  DHISPARSE_CUDA_TRY(cudaGraphDestroy(graph));
 
   // 6. The committed history equals a plain decode of the accepted tokens, bit for bit: every
   //    host row is the row a plain decode would have appended, and the drafter's window holds the
   //    draft KV of the last W accepted tokens.
   h.check_errors(stream);
-  DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));  // commits reached the pinned host store
+  h.sync_books(stream);  // the host books absorb what the replayed commits did on the device
   std::size_t history_rows = 0;
   std::vector<std::byte> draft_row(draft_row_bytes);
   for (const auto& rq : reqs) {

@@ -98,6 +98,17 @@ struct step_write_item {
   std::size_t count = 0;            ///< new rows (decode: 1; a prefill chunk: more)
 };
 
+/// One (request, source) part of a step-wide `stage_step` (the twin of a `cuda::stage_step_view`
+/// entry on one source): the draft block of `count` positions on `source`, laid out as
+/// `stage_block` expects ([payload layer][block_rows][row_bytes]).
+struct step_stage_item {
+  /// The admitted request whose block is staged.
+  request_id request = 0;
+  std::size_t source = 0;           ///< the payload source staged
+  std::span<const std::byte> rows;  ///< block_rows(request, source, count) * payload_layers * row_bytes bytes
+  std::size_t count = 0;            ///< K_r positions: the anchor and count - 1 proposals, 1 .. max_block
+};
+
 /// One (request, source) part of a step-wide `commit_step` (the twin of a `cuda::commit_step_view`
 /// entry on one source): the anchor and `accepted` proposals of its last verified round on `source`.
 struct step_commit_item {

@@ -620,10 +620,10 @@ constexpr cuda_device_terms cuda_device_for(const layout_desc& l, const hierarch
       ws = k.add(ws, k.mul(k.mul(2 * n, ceil_div(c.max_rows, 32)), 4));
     }
     // The write state (cuda::hierarchy::write_state_bytes, one allocation for all sources): per
-    // source a 512-byte step-table entry, the error books of writes and of commits (a 256-byte
-    // control block and N 32-byte entry records each) and the backup work list (N 16-byte items),
-    // each carved at 256 bytes.
-    ws = k.add(ws, 512 + 2 * (256 + align_up(k.mul(n, 32), 256)) + align_up(k.mul(n, 16), 256));
+    // source a 512-byte step-table entry, the error books of writes, of commits and (K_max > 1)
+    // of stages (a 256-byte control block and N 32-byte entry records each) and the backup work
+    // list (N 16-byte items), each carved at 256 bytes.
+    ws = k.add(ws, k.add(k.mul(spec ? 3 : 2, 256 + align_up(k.mul(n, 32), 256)), 512 + align_up(k.mul(n, 16), 256)));
     t.workspace = k.add(t.workspace, ws);
     t.allowance = k.add(t.allowance, k.add(16 * 1024 + 16 * d.payload_layers, k.mul(n, 512 + 32 * kmax)));
   }

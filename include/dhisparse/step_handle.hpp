@@ -5,8 +5,8 @@
 ///
 /// A residency manager keeps books (the ledger, every request's optional pages, page states on the
 /// GPU) that must agree with its hierarchy, so it hands out the hierarchy read-only and this handle
-/// for the per-step operations: resolve, follower copies, the speculative round (stage, verify,
-/// commit, commit_step, release staging), joining the host backup of step-wide writes, and error checks. None of them admits, completes, maps or unmaps, so
+/// for the per-step operations: resolve, follower copies, the speculative round (stage, stage_blocks,
+/// stage_step, verify, commit, commit_step, release staging), joining the host backup of step-wide writes, and error checks. None of them admits, completes, maps or unmaps, so
 /// none can put the books out of step; admission, history import, decode-row appends (which may
 /// map pinned pages), completion and repopulation stay on the manager.
 ///
@@ -50,6 +50,10 @@ class step_handle {
   // Speculative rounds (docs/speculative.md).
   /// Forwards to the hierarchy's `stage_block`.
   DHISPARSE_STEP_FORWARD(stage_block)
+  /// Forwards to the hierarchy's `stage_blocks` (the batched stage of one source).
+  DHISPARSE_STEP_FORWARD(stage_blocks)
+  /// Forwards to the hierarchy's `stage_step` (the batched stage of every source).
+  DHISPARSE_STEP_FORWARD(stage_step)
   /// Forwards to the hierarchy's `verify` (every overload).
   DHISPARSE_STEP_FORWARD(verify)
   /// Forwards to the hierarchy's `verify_sync` (CUDA).

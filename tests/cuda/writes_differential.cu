@@ -815,3 +815,294 @@ TEST_CASE("the CUDA manager's append_step fills completed pages under a pinning 
   DHTEST_CUDA(cudaStreamDestroy(backup));
   DHTEST_CUDA(cudaStreamDestroy(stream));
 }
+
+// ------------------------------------------------------------------------------------------------
+// Batched speculative stages (stage_view / stage_step_view: one launch, slots and counts read on
+// the device) against the host twin's stage_blocks / stage_step, followed by verifies and commits
+// on both, eager and batched, so that the host books are seen to follow the device's.
+
+namespace {
+
+/// A stage_view over write_buffers (entry e's block at buffer rows e * kMaxRows ..; m = 1, so the
+/// buffer's row count is the block's position count).
+dhc::stage_view stage_view_of(const write_buffers& b) {
+  dhc::stage_view v;
+  v.slots = b.slots.data();
+  v.counts = b.rows.data();
+  v.layer_rows = b.layer_ptrs.data();
+  v.max_block = kMaxRows;
+  v.capacity = N;
+  return v;
+}
+
+/// An eager verify of `kr` empty queries on both backends: the round's K_r is what a commit checks.
+void verify_both(CH& ch, HH& hh, request_id id, std::size_t s, std::size_t kr, cudaStream_t stream) {
+  std::vector<dhc::verify_query> cq(kr);
+  dhc::verify_batch_item ci{id, cq};
+  ch.verify(s, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+  std::vector<std::vector<row_index>> q(kr);
+  std::vector<std::vector<location>> ql(kr);
+  std::vector<std::span<const row_index>> qs(q.begin(), q.end());
+  std::vector<std::span<location>> ls(ql.begin(), ql.end());
+  const dh::verify_item hi{id, qs, ls};
+  hh.verify(s, std::span<const dh::verify_item>(&hi, 1));
+}
+
+/// Throws-check of one batched launch's device error.
+template <class F>
+void require_device_error(CH& ch, cudaStream_t stream, dh::errc code, F&& launch) {
+  launch();
+  bool thrown = false;
+  try {
+    ch.check_errors(stream);
+  } catch (const dh::error& e) {
+    thrown = true;
+    INFO(e.what());
+    REQUIRE(e.code() == code);
+  }
+  REQUIRE(thrown);
+}
+
+}  // namespace
+
+TEST_CASE("batched stages equal the host twin; verifies and commits follow the device's books",
+          "[gpu][writes][speculative][stage]") {
+  require_device();
+  constexpr std::size_t KB = kMaxRows;  // one write_buffers entry holds one block
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CH ch(config(KB), stream);
+  HH hh(config(KB));
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> positions;
+  for (request_id id = 1; id <= 6; ++id) {
+    REQUIRE(ch.admit(id, stream).slot == hh.admit(id).slot);
+    tags[id] = request_tag(id, 7);
+    positions[id] = {0, 0};
+  }
+  std::vector<write_buffers> bufs;
+  bufs.emplace_back(2, 576);
+  bufs.emplace_back(1, 656);
+  dhc::device_buffer<std::int32_t> d_slots(N), d_accepted(N);
+  std::mt19937_64 rng(4242);
+  for (int round = 0; round < 120; ++round) {
+    INFO("round " << round);
+    if (round % 4 == 0) {
+      ch.reserve_ahead(4 * KB, stream);
+      hh.reserve_ahead(4 * KB);
+    }
+    for (std::size_t s = 0; s < 2; ++s) {
+      auto& b = bufs[s];
+      b.clear();
+      std::vector<std::vector<std::byte>> rows;
+      std::vector<dh::stage_item> items;
+      std::vector<std::pair<request_id, std::size_t>> staged;  // (request, count) staged this round
+      std::size_t e = 0;
+      for (const auto& [id, tag] : tags) {
+        const std::size_t at = e++;
+        if (rng() % 5 == 0) continue;  // not staging: an older block may stay staged
+        const std::size_t count = 1 + rng() % KB;
+        b.set(at, static_cast<std::int32_t>(hh.slot_of(id)), count, tag, s, hh.frontier(id, s));
+        rows.push_back(b.item_rows(at));
+        staged.emplace_back(id, count);
+      }
+      for (std::size_t i = 0; i < staged.size(); ++i) items.push_back({staged[i].first, rows[i], staged[i].second});
+      b.upload(stream);
+      ch.stage_blocks(s, stage_view_of(b), stream);
+      hh.stage_blocks(s, items);
+      for (const auto& [id, tag] : tags) REQUIRE(ch.staged_rows(id, s) == hh.staged_rows(id, s));  // device books
+
+      // Verify most staged rounds eagerly (the eager verify absorbs the device's staged counts).
+      std::vector<std::pair<request_id, std::size_t>> verified;  // (request, K_r)
+      for (const auto& [id, count] : staged) {
+        if (rng() % 5 == 0) continue;
+        const std::size_t kr = 1 + rng() % count;
+        verify_both(ch, hh, id, s, kr, stream);
+        verified.emplace_back(id, kr);
+      }
+      for (const auto& [id, tag] : tags) REQUIRE(ch.verified_queries(id, s) == hh.verified_queries(id, s));
+
+      // Commit: batched over a commit_view on even rounds, per request (eager, reading the
+      // device's round books) on odd ones.
+      std::vector<std::int32_t> slots(N, -1), accepted(N, 0);
+      std::vector<dh::commit_item> commits;
+      std::size_t at = 0;
+      for (const auto& [id, kr] : verified) {
+        if (rng() % 6 == 0) continue;  // verified, not committed: the next stage replaces it
+        const std::size_t acc = rng() % kr;
+        slots[at] = static_cast<std::int32_t>(hh.slot_of(id));
+        accepted[at++] = static_cast<std::int32_t>(acc);
+        commits.push_back({id, acc});
+        positions[id][s] += static_cast<std::int64_t>(acc) + 1;
+      }
+      if (round % 2 == 0) {
+        DHTEST_CUDA(cudaMemcpyAsync(d_slots.data(), slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+        DHTEST_CUDA(cudaMemcpyAsync(d_accepted.data(), accepted.data(), N * 4, cudaMemcpyHostToDevice, stream));
+        ch.commit(s, dhc::commit_view{d_slots.data(), d_accepted.data(), N}, stream);
+        DHTEST_CUDA(cudaStreamSynchronize(stream));  // `slots` / `accepted` are pageable
+      } else {
+        for (const auto& c : commits) ch.commit(c.request, s, c.accepted, stream);
+      }
+      hh.commit(s, commits);
+    }
+    ch.check_errors(stream);
+    if (round % 30 == 29) {
+      ch.sync_books(stream);
+      compare_books(ch, hh, tags, positions, "after batched stages");
+      compare_pools(ch, hh, "after batched stages");  // the ring rows of blocks still staged included
+    }
+  }
+
+  // Bad entries: each launch holds a good entry (request 1) and one bad one. The bad entry is left
+  // untouched, the good one is staged, and check_errors throws the bad one's typed error.
+  ch.reserve_ahead(8, stream);
+  hh.reserve_ahead(8);
+  const request_id a = 1, full = 6;
+  {  // request 6 is 2 rows short of max_rows on source 1
+    const std::int64_t f = hh.frontier(full, 1);
+    const auto n = static_cast<std::size_t>(2048 - 2 - f);
+    const auto rows = dhisparse_testing::make_append_buffer(tags[full], 1, 1, 656, f, n);
+    ch.append(full, 1, rows, n, stream);
+    hh.append(full, 1, rows, n);
+  }
+  auto& b = bufs[1];
+  const std::int32_t slot_a = static_cast<std::int32_t>(hh.slot_of(a)), slot_full = static_cast<std::int32_t>(hh.slot_of(full));
+  std::map<std::int32_t, request_id> id_of_slot;
+  for (const auto& [id, tag] : tags) id_of_slot[static_cast<std::int32_t>(hh.slot_of(id))] = id;
+  std::int32_t free_slot = 0;  // a slot that holds no request (6 requests, N = 8 slots)
+  while (id_of_slot.count(free_slot) != 0) ++free_slot;
+  struct bad_case {
+    std::int32_t slot;
+    std::size_t count;  // block positions (buffer rows filled: min(count, kMaxRows))
+    dh::errc code;
+  };
+  for (const bad_case& bc : {bad_case{free_slot, 2, dh::errc::unknown_request}, bad_case{slot_a, 2, dh::errc::duplicate_in_batch},
+                             bad_case{static_cast<std::int32_t>(hh.slot_of(2)), 0, dh::errc::size_mismatch},
+                             bad_case{static_cast<std::int32_t>(hh.slot_of(3)), KB + 1, dh::errc::block_too_wide},
+                             bad_case{slot_full, 3, dh::errc::capacity_exceeded}}) {
+    INFO("bad entry code " << static_cast<int>(bc.code));
+    b.clear();
+    const std::size_t good = 1 + rng() % KB;
+    b.set(0, slot_a, good, tags[a], 1, hh.frontier(a, 1));
+    const auto good_rows = b.item_rows(0);
+    b.set(1, bc.slot, bc.count, request_tag(99), 1, 0);  // bytes that must not land anywhere
+    b.upload(stream);
+    const request_id bad_id = bc.slot == free_slot ? 0 : id_of_slot.at(bc.slot);
+    const std::size_t staged_before = bad_id == 0 ? 0 : hh.staged_rows(bad_id, 1);
+    require_device_error(ch, stream, bc.code, [&] { ch.stage_blocks(1, stage_view_of(b), stream); });
+    hh.stage_blocks(1, std::vector<dh::stage_item>{{a, good_rows, good}});
+    REQUIRE(ch.staged_rows(a, 1) == good);
+    if (bad_id != 0 && bad_id != a) REQUIRE(ch.staged_rows(bad_id, 1) == staged_before);
+    compare_pools(ch, hh, "after a stage with a bad entry");
+  }
+  // Checked on the host at the call, nothing launched.
+  {
+    dhc::stage_view v = stage_view_of(b);
+    v.max_block = KB + 1;
+    REQUIRE_THROWS_AS(ch.stage_blocks(1, v, stream), dh::size_mismatch);
+    v = stage_view_of(b);
+    v.counts = nullptr;
+    REQUIRE_THROWS_AS(ch.stage_blocks(1, v, stream), dh::size_mismatch);
+    v = stage_view_of(b);
+    v.capacity = N + 1;
+    REQUIRE_THROWS_AS(ch.stage_blocks(1, v, stream), dh::size_mismatch);
+    REQUIRE_THROWS_AS(ch.stage_blocks(2, stage_view_of(b), stream), dh::invalid_source);
+  }
+  // The round staged in the loop above still verifies and commits on both.
+  verify_both(ch, hh, a, 1, 1, stream);
+  ch.commit(a, 1, 0, stream);
+  hh.commit(a, 1, 0);
+  ch.check_errors(stream);
+  ch.sync_books(stream);
+  compare_pools(ch, hh, "after the last commit");
+  for (const auto& [id, tag] : tags)
+    for (std::size_t s = 0; s < 2; ++s) {
+      REQUIRE(ch.positions(id, s) == hh.positions(id, s));
+      REQUIRE(ch.staged_rows(id, s) == hh.staged_rows(id, s));
+    }
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("a step-wide stage equals the host twin's stage_step; commit_step follows", "[gpu][writes][step][speculative][stage]") {
+  require_device();
+  constexpr std::size_t KB = kMaxRows;
+  cudaStream_t stream = nullptr, backup = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
+  CH ch(step_config(KB), stream);
+  HH hh(step_config(KB));
+  std::map<request_id, std::uint64_t> tags;
+  std::map<request_id, std::array<std::int64_t, 2>> positions;
+  for (request_id id = 1; id <= 6; ++id) {
+    REQUIRE(ch.admit(id, stream).slot == hh.admit(id).slot);
+    tags[id] = request_tag(id, 8);
+    positions[id] = {0, 0};
+  }
+  step_buffers b;
+  dhc::device_buffer<std::int32_t> d_slots(N), d_accepted(N);
+  std::mt19937_64 rng(31337);
+  for (int round = 0; round < 80; ++round) {
+    INFO("round " << round);
+    if (round % 4 == 0) {
+      ch.reserve_ahead(4 * KB, stream);
+      hh.reserve_ahead(4 * KB);
+    }
+    b.clear();
+    std::vector<std::vector<std::byte>> rows;
+    std::vector<std::tuple<request_id, std::size_t, std::size_t>> staged;  // (request, entry, count)
+    std::size_t e = 0;
+    for (const auto& [id, tag] : tags) {
+      const std::size_t at = e++;
+      if (rng() % 5 == 0) continue;
+      const std::size_t count = 1 + rng() % KB;  // the same block on every source (m = 1: rows = count)
+      for (std::size_t s = 0; s < kSources; ++s)
+        b.set(at, static_cast<std::int32_t>(hh.slot_of(id)), s, count, tag, hh.frontier(id, s));
+      staged.emplace_back(id, at, count);
+    }
+    std::vector<dh::step_stage_item> items;
+    for (const auto& [id, at, count] : staged)
+      for (std::size_t s = 0; s < kSources; ++s) rows.push_back(b.item_rows(s, at));
+    std::size_t r = 0;
+    for (const auto& [id, at, count] : staged)
+      for (std::size_t s = 0; s < kSources; ++s) items.push_back({id, s, rows[r++], count});
+    b.upload(stream);
+    dhc::stage_step_view v;
+    v.slots = b.slots.data();
+    v.counts = b.rows.data();  // [source 0][entry]: the entry's count, equal on every source
+    v.layer_rows = b.layer_ptrs.data();
+    v.max_block = KB;
+    v.capacity = N;
+    ch.stage_step(v, stream);
+    hh.stage_step(items);
+    std::vector<std::int32_t> slots(N, -1), accepted(N, 0);
+    std::vector<dh::step_commit_item> commits;
+    for (const auto& [id, at, count] : staged) {
+      if (rng() % 4 == 0) continue;
+      const std::size_t kr = 1 + rng() % count, acc = rng() % kr;
+      for (std::size_t s = 0; s < kSources; ++s) {
+        verify_both(ch, hh, id, s, kr, stream);
+        commits.push_back({id, s, acc});
+        positions[id][s] += static_cast<std::int64_t>(acc) + 1;
+      }
+      slots[at] = static_cast<std::int32_t>(hh.slot_of(id));
+      accepted[at] = static_cast<std::int32_t>(acc);
+    }
+    DHTEST_CUDA(cudaMemcpyAsync(d_slots.data(), slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+    DHTEST_CUDA(cudaMemcpyAsync(d_accepted.data(), accepted.data(), N * 4, cudaMemcpyHostToDevice, stream));
+    ch.commit_step(dhc::commit_step_view{d_slots.data(), d_accepted.data(), N}, backup, stream);
+    DHTEST_CUDA(cudaStreamSynchronize(stream));
+    hh.commit_step(commits);
+    ch.check_errors(stream);
+    if (round % 20 == 19) {
+      ch.join_backup(stream);
+      ch.sync_books(stream);
+      compare_books(ch, hh, tags, positions, "after step-wide stages");
+      compare_pools(ch, hh, "after step-wide stages");
+      for (const auto& [id, tag] : tags)
+        for (std::size_t s = 0; s < kSources; ++s) REQUIRE(ch.staged_rows(id, s) == hh.staged_rows(id, s));
+    }
+  }
+  ch.join_backup(stream);
+  DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}

@@ -8,10 +8,13 @@
 // error, and at the end every host-store row and frontier must match the test's model.
 #include "cuda_test_support.cuh"
 
+#include <algorithm>
 #include <map>
+#include <random>
 
 #include "../support/row_content.hpp"
 #include "dhisparse/cuda/kv_write.cuh"
+#include "dhisparse/cuda/verify_batch.cuh"
 
 namespace {
 
@@ -436,5 +439,242 @@ TEST_CASE("step-wide write with the backup forked and joined, plus resolves, in 
   DHTEST_CUDA(cudaGraphExecDestroy(exec));
   DHTEST_CUDA(cudaGraphDestroy(graph));
   DHTEST_CUDA(cudaStreamDestroy(backup));
+  DHTEST_CUDA(cudaStreamDestroy(stream));
+}
+
+// ------------------------------------------------------------------------------------------------
+// A whole speculative round in one graph: on every source, the batched stage (stage_view), the
+// verify over a device descriptor (verify_batch_view) and the batched commit (commit_view),
+// captured once and replayed for 240 rounds. Between replays the test writes new blocks, slots,
+// counts, selections and accepted counts into the same device buffers; nothing per request runs
+// on the host. After each replay every location the verify returned must hold the bytes the test
+// generated for the selected row: the round's own block rows (this replay's bytes), or history
+// rows (the bytes of the replay that committed them). Rounds left unverified stay staged and are
+// replaced later. At checkpoints the host books (sync_books) and every host-store row must match
+// the test's model.
+
+namespace {
+
+constexpr std::size_t kBlock = 4;    // K_max
+constexpr std::size_t kSel = 24;     // selection entries per query (<= top_k)
+constexpr int kRounds = 240;
+
+/// Device buffers of one source's round: the stage view's slots, counts and block rows, the
+/// verify descriptor, and the commit view's slots and accepted counts.
+struct round_buffers {
+  std::size_t layers, row_bytes;
+  dhc::device_buffer<std::int32_t> stage_slots{N}, counts{N}, commit_slots{N}, accepted{N};
+  std::vector<dhc::device_buffer<std::byte>> layer;
+  dhc::device_buffer<const std::byte*> layer_ptrs;
+  dhc::device_verify_batch verify{static_cast<std::uint32_t>(N), static_cast<std::uint32_t>(kBlock),
+                                  static_cast<std::uint32_t>(K)};
+  std::vector<std::vector<std::byte>> h_layer;  // [layer][N * kBlock * row_bytes]
+
+  round_buffers(std::size_t layers_, std::size_t row_bytes_) : layers(layers_), row_bytes(row_bytes_), layer_ptrs(layers_) {
+    std::vector<const std::byte*> ptrs;
+    for (std::size_t l = 0; l < layers; ++l) {
+      layer.emplace_back(N * kBlock * row_bytes);
+      ptrs.push_back(layer.back().data());
+      h_layer.emplace_back(N * kBlock * row_bytes);
+    }
+    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), layers * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  dhc::stage_view stage_view() const {
+    dhc::stage_view v;
+    v.slots = stage_slots.data();
+    v.counts = counts.data();
+    v.layer_rows = layer_ptrs.data();
+    v.max_block = kBlock;
+    v.capacity = N;
+    return v;
+  }
+  dhc::commit_view commit_view() const { return dhc::commit_view{commit_slots.data(), accepted.data(), N}; }
+};
+
+}  // namespace
+
+TEST_CASE("stage + verify + commit of every source captured in one graph, replayed for 240 rounds",
+          "[gpu][writes][graph][speculative][stage]") {
+  require_device();
+  cudaStream_t stream = nullptr;
+  DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dh::hierarchy_config cfg;
+  cfg.max_requests = N;
+  cfg.max_rows = 2048;
+  cfg.tail_rows = 16;  // a short tail: committed rows soon leave it and are read from the host store
+  cfg.optional_pages = 8;
+  cfg.max_block = kBlock;
+  CH ch(cfg, stream);
+  std::mt19937_64 rng(2026);
+  std::vector<request_id> ids{11, 12, 13, 14, 15, 16};
+  std::map<request_id, std::array<std::vector<std::uint64_t>, S>> row_tag;  // tag of each history row
+  for (request_id id : ids) {
+    REQUIRE(ch.admit(id, stream).admitted);
+    for (std::size_t s = 0; s < S; ++s) {  // a short prefill
+      const auto& d = Layout::sources[s];
+      const std::size_t n = 8 + rng() % 24;
+      const auto rows = dhisparse_testing::make_append_buffer(request_tag(id), s, d.payload_layers, d.row_bytes, 0, n);
+      ch.append(id, s, rows, n, stream);
+      row_tag[id][s].assign(n, request_tag(id));
+    }
+  }
+  ch.reserve_ahead(kRounds * kBlock + 64, stream);  // every commit of the run, reserved outside the graph
+  std::vector<round_buffers> bufs;
+  for (std::size_t s = 0; s < S; ++s) bufs.emplace_back(Layout::sources[s].payload_layers, Layout::sources[s].row_bytes);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DHTEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (std::size_t s = 0; s < S; ++s) {
+    ch.stage_blocks(s, bufs[s].stage_view(), stream);
+    ch.verify(s, bufs[s].verify.view(), stream);
+    ch.commit(s, bufs[s].commit_view(), stream);
+  }
+  DHTEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  DHTEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::map<std::pair<request_id, std::size_t>, std::uint64_t> staged_tag;  // blocks staged, not committed
+  std::size_t checked_rows = 0, committed_rounds = 0, left_staged = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    INFO("round " << round);
+    struct entry {
+      request_id id;
+      std::size_t e, count, kr, accepted;
+      bool verified;
+      std::vector<std::vector<row_index>> queries;
+    };
+    std::array<std::vector<entry>, S> entries;
+    for (std::size_t s = 0; s < S; ++s) {
+      auto& b = bufs[s];
+      std::vector<std::int32_t> stage_slots(N, -1), counts(N, 0), commit_slots(N, -1), accepted(N, 0);
+      std::vector<std::size_t> order(N);
+      for (std::size_t e = 0; e < N; ++e) order[e] = e;
+      std::shuffle(order.begin(), order.end(), rng);  // entry positions change: padding anywhere
+      std::size_t next = 0;
+      for (request_id id : ids) {
+        if (rng() % 5 == 0) continue;  // not in this round
+        const std::size_t e = order[next++];
+        const auto f = static_cast<std::int64_t>(row_tag[id][s].size());
+        entry en{id, e, 1 + rng() % kBlock, 0, 0, rng() % 6 != 0, {}};
+        en.kr = 1 + rng() % en.count;
+        en.accepted = rng() % en.kr;  // changes every round: what the sampler would write
+        const std::uint64_t tag = request_tag(id, static_cast<std::uint64_t>(round) + 1);
+        for (std::size_t l = 0; l < b.layers; ++l)
+          for (std::size_t i = 0; i < en.count; ++i)
+            dhisparse_testing::fill_row(b.h_layer[l].data() + (e * kBlock + i) * b.row_bytes, b.row_bytes, tag, s, l,
+                                        f + static_cast<std::int64_t>(i));
+        stage_slots[e] = static_cast<std::int32_t>(ch.slot_of(id));
+        counts[e] = static_cast<std::int32_t>(en.count);
+        if (en.verified) {
+          commit_slots[e] = stage_slots[e];
+          accepted[e] = static_cast<std::int32_t>(en.accepted);
+          for (std::size_t j = 0; j < en.kr; ++j) {  // query j sees rows < f + j + 1 (the block's first j + 1)
+            const auto visible = static_cast<std::uint64_t>(f) + j + 1;
+            std::vector<row_index> q;
+            for (std::size_t i = 0; i < kSel; ++i) {
+              const row_index r = rng() % 3 == 0 ? static_cast<row_index>(f + static_cast<std::int64_t>(rng() % (j + 1)))
+                                                 : static_cast<row_index>(rng() % visible);
+              if (std::find(q.begin(), q.end(), r) == q.end()) q.push_back(r);
+            }
+            en.queries.push_back(std::move(q));
+          }
+        }
+        entries[s].push_back(std::move(en));
+      }
+      // The verify batch lists the verified rounds, in their own order.
+      std::vector<std::vector<std::span<const row_index>>> qs;
+      std::vector<dhc::device_verify_batch::round> up;
+      qs.reserve(entries[s].size());
+      for (const auto& en : entries[s]) {
+        if (!en.verified) continue;
+        qs.emplace_back(en.queries.begin(), en.queries.end());
+        up.push_back({static_cast<std::int32_t>(ch.slot_of(en.id)), qs.back()});
+      }
+      b.verify.upload(up, stream);
+      DHTEST_CUDA(cudaMemcpyAsync(b.stage_slots.data(), stage_slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      DHTEST_CUDA(cudaMemcpyAsync(b.counts.data(), counts.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      DHTEST_CUDA(cudaMemcpyAsync(b.commit_slots.data(), commit_slots.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      DHTEST_CUDA(cudaMemcpyAsync(b.accepted.data(), accepted.data(), N * 4, cudaMemcpyHostToDevice, stream));
+      for (std::size_t l = 0; l < b.layers; ++l)
+        DHTEST_CUDA(cudaMemcpyAsync(b.layer[l].data(), b.h_layer[l].data(), b.h_layer[l].size(), cudaMemcpyHostToDevice,
+                                    stream));
+      DHTEST_CUDA(cudaStreamSynchronize(stream));  // the host vectors are pageable and reused
+    }
+    DHTEST_CUDA(cudaGraphLaunch(exec, stream));
+    wait_or_die(stream, "graph replay of a speculative round");
+    ch.check_errors(stream);  // no entry of the round may fail
+
+    // Every verified location holds the selected row's bytes: the model's, never the library's.
+    for (std::size_t s = 0; s < S; ++s) {
+      const std::size_t rb = Layout::sources[s].row_bytes;
+      std::vector<std::vector<std::byte>> pool(Layout::sources[s].payload_layers,
+                                               std::vector<std::byte>(ch.pool_rows() * rb));
+      for (std::size_t l = 0; l < pool.size(); ++l) ch.copy_pool(s, l, pool[l]);
+      std::uint32_t ve = 0;  // entry of the verify batch
+      for (auto& en : entries[s]) {
+        const std::uint64_t tag = request_tag(en.id, static_cast<std::uint64_t>(round) + 1);
+        auto& hist = row_tag[en.id][s];
+        if (!en.verified) {
+          staged_tag[{en.id, s}] = tag;
+          ++left_staged;
+          continue;
+        }
+        for (std::size_t j = 0; j < en.kr; ++j) {
+          const auto locs = bufs[s].verify.download_locations(ve, static_cast<std::uint32_t>(j), en.queries[j].size(), stream);
+          for (std::size_t i = 0; i < locs.size(); ++i) {
+            const row_index r = en.queries[j][i];
+            REQUIRE(locs[i] >= 0);
+            const std::uint64_t want = static_cast<std::size_t>(r) < hist.size() ? hist[static_cast<std::size_t>(r)] : tag;
+            for (std::size_t l = 0; l < pool.size(); ++l) {
+              INFO("source " << s << " request " << en.id << " query " << j << " row " << r << " layer " << l);
+              const std::span<const std::byte> got(pool[l].data() + static_cast<std::size_t>(locs[i]) * rb, rb);
+              REQUIRE(dhisparse_testing::row_matches(got, want, s, l, r));
+              ++checked_rows;
+            }
+          }
+        }
+        ++ve;
+        hist.insert(hist.end(), en.accepted + 1, tag);  // m = 1: one row per committed position
+        staged_tag.erase({en.id, s});
+        ++committed_rounds;
+      }
+    }
+
+    if (round % 60 == 59) {  // the host books follow the device's
+      ch.sync_books(stream);
+      for (request_id id : ids)
+        for (std::size_t s = 0; s < S; ++s) {
+          INFO("request " << id << " source " << s);
+          const auto& hist = row_tag[id][s];
+          REQUIRE(ch.frontier(id, s) == static_cast<std::int64_t>(hist.size()));
+          REQUIRE(ch.positions(id, s) == static_cast<std::int64_t>(hist.size()));
+          const auto st = staged_tag.find({id, s});
+          if (st == staged_tag.end()) REQUIRE(ch.staged_rows(id, s) == 0);
+          else REQUIRE(ch.staged_rows(id, s) > 0);
+          for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
+            for (std::size_t r = 0; r < hist.size(); ++r)
+              REQUIRE(dhisparse_testing::row_matches(ch.host_row(id, s, l, static_cast<std::int64_t>(r)), hist[r], s, l,
+                                                     static_cast<std::int64_t>(r)));
+        }
+    }
+  }
+  INFO("rows checked " << checked_rows << ", rounds committed " << committed_rounds << ", left staged " << left_staged);
+  REQUIRE(committed_rounds > 1000);
+  REQUIRE(left_staged > 100);
+  // An eager round after the graph: the host books absorbed the device's, so it starts from them.
+  const request_id a = ids.front();
+  const auto f = static_cast<std::int64_t>(row_tag[a][1].size());
+  const auto rows = dhisparse_testing::make_append_buffer(request_tag(a, 9999), 1, 1, 656, f, 2);
+  ch.stage_block(a, 1, rows, 2, stream);
+  std::vector<dhc::verify_query> cq(2);
+  dhc::verify_batch_item ci{a, cq};
+  ch.verify(1, std::span<const dhc::verify_batch_item>(&ci, 1), stream);
+  ch.commit(a, 1, 1, stream);
+  ch.check_errors(stream);
+  REQUIRE(ch.positions(a, 1) == f + 2);
+  for (std::int64_t r = f; r < f + 2; ++r)
+    REQUIRE(dhisparse_testing::row_matches(ch.host_row(a, 1, 0, r), request_tag(a, 9999), 1, 0, r));
+  DHTEST_CUDA(cudaGraphExecDestroy(exec));
+  DHTEST_CUDA(cudaGraphDestroy(graph));
   DHTEST_CUDA(cudaStreamDestroy(stream));
 }

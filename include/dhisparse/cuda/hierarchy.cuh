@@ -26,7 +26,9 @@
 /// Speculative verification (hierarchy_config::max_block = K_max > 1, docs/speculative.md):
 /// `stage_block`, `verify` and `commit` follow the host reference call for call, with the same pool
 /// geometry (tail ring of T + K_max rows, K_max * top_k staging rows per slot); the kernels are in
-/// detail/verify_kernel.cuh.
+/// detail/verify_kernel.cuh. Their batched, capturable forms over device views (`stage_blocks` /
+/// `stage_step`, `verify(source, verify_batch_view)`, `commit(source, commit_view)` /
+/// `commit_step`) let one CUDA graph hold a whole round (detail/write_kernel.cuh).
 #include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
@@ -157,7 +159,7 @@ class hierarchy {
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
     r.device_bytes += staging_arena_bytes(c);
-    r.device_bytes += write_state_bytes(c.max_requests);  // step table, write/commit error books, backup work lists
+    r.device_bytes += write_state_bytes(c.max_requests, c.max_block > 1);  // step table, error books, backup work lists
     r.pinned_bytes += sources * mirror_bytes(c.max_requests);       // frontiers the host absorbs
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
     if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
@@ -581,6 +583,17 @@ class hierarchy {
           src.partial[slot] = part;
           src.staged[slot] = 0;
           src.verified[slot] = 0;
+        }
+      }
+      if (src.device_stages) {
+        // Batched stages leave the frontier alone, so the mirror cannot show them: the device
+        // round books are read instead (the stream is idle: a plain copy). K_r stays with the
+        // device too (device_rounds), so a stale host `verified` can never pass a commit.
+        const auto staged = read_on(stream, src.vws.staged, cfg_.max_requests);
+        for (const auto& [id, slot] : admitted) {
+          const auto b = static_cast<std::size_t>(staged[slot]);
+          if (b != src.staged[slot]) src.verified[slot] = 0;
+          src.staged[slot] = b;
         }
       }
     }
@@ -1058,6 +1071,62 @@ class hierarchy {
     stage_block(id, source, rows, count, stream_);
   }
 
+  /// Stages the draft block of every entry of `batch` on one source, with slots, counts and row
+  /// buffers read on the device (stage_view, kv_write.cuh): ONE launch (one CTA of 1-8 warps per
+  /// entry) checks each entry as the per-request `stage_block` checks it (unknown_request,
+  /// duplicate_in_batch, a block of 0 positions: size_mismatch, wider than the view's max_block:
+  /// block_too_wide, positions past max_rows: capacity_exceeded; recorded for `check_errors`,
+  /// entry untouched, the others proceed) and writes each good block into the tail ring, setting
+  /// the device round books that `verify(source, verify_batch_view, stream)` and
+  /// `commit(source, commit_view, stream)` check. Reads only device memory, allocates nothing,
+  /// fixed launch shape: capturable, so stage, verify and commit of a round fit in one graph.
+  ///
+  /// The device leads the host books from here on (as after a batched commit): `staged_rows`,
+  /// `verified_queries` and eager commits read the device round books; `sync_books` (which every
+  /// eager call that depends on the books runs first) absorbs the staged counts. Staging touches
+  /// neither the frontier nor the host store nor the staging arenas, so it needs no reservation,
+  /// no backup join and no `release_staging`; a verify still needs the arenas free as usual.
+  void stage_blocks(std::size_t source, const stage_view& batch, cudaStream_t stream) {
+    check_speculative(source);
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.counts == nullptr || batch.layer_rows == nullptr)
+      throw size_mismatch("stage_view needs device slots, counts and layer_rows");
+    check_view_capacity(batch.capacity, "stage_view");
+    const std::uint32_t km = checked_stage_block(batch.max_block, "stage_view");
+    const std::size_t rb = Layout::sources[source].row_bytes;
+    if (batch.row_stride != 0 && (batch.row_stride < rb || batch.row_stride % 16 != 0))
+      throw size_mismatch("stage_view row_stride " + std::to_string(batch.row_stride) +
+                          " must be 0 or a multiple of 16 of at least the row's " + std::to_string(rb) + " bytes");
+    const detail::stage_args a{batch.slots, batch.counts, batch.first, batch.layer_rows, batch.row_stride,
+                               km,          batch.capacity, false};
+    DHISPARSE_CUDA_TRY(detail::launch_step_stage(step_table_, static_cast<unsigned>(source), 1u, a,
+                                                 detail::write_warps(km, vectors_of(source)), stream));
+    mark_device_stages(src_[source]);
+  }
+
+  /// Stages the draft block of every request on EVERY source in ONE launch (one CTA per (source,
+  /// entry)), from the step-wide row buffers of `stage_step_view` (kv_write.cuh): the per-source
+  /// `stage_blocks` made per (source, entry), with the same checks, errors and books. Capturable.
+  void stage_step(const stage_step_view& batch, cudaStream_t stream) {
+    check_speculative(0);
+    if (batch.capacity == 0) return;
+    if (batch.slots == nullptr || batch.counts == nullptr || batch.layer_rows == nullptr)
+      throw size_mismatch("stage_step_view needs device slots, counts and layer_rows");
+    check_view_capacity(batch.capacity, "stage_step_view");
+    const std::uint32_t km = checked_stage_block(batch.max_block, "stage_step_view");
+    const std::size_t widest = widest_row_bytes<Layout>();
+    if (batch.row_stride != 0 && (batch.row_stride < widest || batch.row_stride % 16 != 0))
+      throw size_mismatch("stage_step_view row_stride " + std::to_string(batch.row_stride) +
+                          " must be 0 or a multiple of 16 of at least the widest row's " + std::to_string(widest) +
+                          " bytes");
+    unsigned warps = 1;
+    for (std::size_t s = 0; s < sources; ++s) warps = std::max(warps, detail::write_warps(km, vectors_of(s)));
+    const detail::stage_args a{batch.slots, batch.counts, batch.first, batch.layer_rows, batch.row_stride,
+                               km,          batch.capacity, true};
+    DHISPARSE_CUDA_TRY(detail::launch_step_stage(step_table_, 0u, static_cast<unsigned>(sources), a, warps, stream));
+    for (auto& src : src_) mark_device_stages(src);
+  }
+
   /// Verifies one speculative round of a batch of requests on one source: two launches on
   /// `stream` (metadata, then host copies), no host synchronisation, no allocation. Validates on
   /// the host what it can (requests, duplicates, K_r against max_block and the staged block,
@@ -1449,10 +1518,12 @@ class hierarchy {
     // batched writes and commits over device descriptors (kv_write.cuh)
     detail::write_workspace_view wws{};    // batched appends
     detail::write_workspace_view cws{};    // batched commits
+    detail::write_workspace_view sws{};    // batched stages (speculative only)
     pinned_buffer mirror;                  // frontiers and partial rows published by the kernels
     detail::books_mirror_view mirror_view{};  // device addresses of `mirror`
     detail::backup_item* work = nullptr;      // backup work list of the last write or commit (write_state_)
     bool device_writes = false;            // a batched append or commit was enqueued: the device leads
+    bool device_stages = false;            // a batched stage was enqueued: the device round books lead
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, staging_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
@@ -1550,7 +1621,7 @@ class hierarchy {
       arena_free_ = detail::unique_event(cudaEventDisableTiming);
     }
 
-    write_state_ = device_buffer<std::byte>(write_state_bytes(cfg_.max_requests));
+    write_state_ = device_buffer<std::byte>(write_state_bytes(cfg_.max_requests, speculative()));
     backup_written_ = detail::unique_event(cudaEventDisableTiming);
     backup_done_ = detail::unique_event(cudaEventDisableTiming);
     for (std::size_t s = 0; s < sources; ++s) build_source(s, adopted[s]);
@@ -1705,6 +1776,20 @@ class hierarchy {
     if (!speculative())
       throw invalid_configuration("speculative calls need hierarchy_config::max_block >= 2 (the tail ring has no "
                                   "room for a block); with max_block = 1 use append and resolve");
+  }
+  /// A stage view's max_block: 0 means K_max; more than K_max cannot be staged (size_mismatch).
+  std::uint32_t checked_stage_block(std::uint32_t max_block, const char* view) const {
+    if (max_block > cfg_.max_block)
+      throw size_mismatch(std::string(view) + " max_block " + std::to_string(max_block) +
+                          " exceeds the hierarchy's max_block " + std::to_string(cfg_.max_block));
+    return max_block == 0 ? static_cast<std::uint32_t>(cfg_.max_block) : max_block;
+  }
+  /// After a batched stage on a source: its device round books (staged, verified) lead the host's.
+  void mark_device_stages(source_state& src) {
+    src.device_stages = true;
+    src.device_rounds = true;  // K_r is read from the device books (commit, verified_queries)
+    src.device_writes = true;  // sync_books visits the source
+    device_writes_ = true;     // eager calls absorb first
   }
   /// Host checks of stage_block (the host reference's order); returns the slot.
   std::size_t check_stage(request_id id, std::size_t source, std::size_t count) const {
@@ -1919,14 +2004,16 @@ class hierarchy {
                 "dhisparse::cuda: a step-table entry outgrew detail::step_source_bytes (and the planner's count)");
   static constexpr std::size_t up256(std::size_t x) { return (x + 255) / 256 * 256; }
   /// Bytes of one source's part of the write state after the step table: the error books of
-  /// writes and of commits (a control block and N records each), then N backup work items.
-  static std::size_t write_books_bytes(std::size_t slots) {
-    return 2 * (write_control_bytes + up256(slots * sizeof(entry_error))) + up256(slots * sizeof(detail::backup_item));
+  /// writes, of commits and (speculative) of stages (a control block and N records each), then N
+  /// backup work items.
+  static std::size_t write_books_bytes(std::size_t slots, bool spec) {
+    return (spec ? 3 : 2) * (write_control_bytes + up256(slots * sizeof(entry_error))) +
+           up256(slots * sizeof(detail::backup_item));
   }
   /// Device bytes of the one write-state allocation: the step table (one 512-byte entry per
   /// source), then every source's error books and backup work list (planner: cuda_workspace_bytes).
-  static std::size_t write_state_bytes(std::size_t slots) {
-    return sources * (detail::step_source_bytes + write_books_bytes(slots));
+  static std::size_t write_state_bytes(std::size_t slots, bool spec) {
+    return sources * (detail::step_source_bytes + write_books_bytes(slots, spec));
   }
   /// Pinned bytes of one source's books mirror: N frontiers, then N partial rows.
   static std::size_t mirror_bytes(std::size_t slots) { return slots * (sizeof(std::int64_t) + sizeof(std::int32_t)); }
@@ -1938,10 +2025,10 @@ class hierarchy {
   void build_write_state(std::size_t s) {
     auto& src = src_[s];
     const std::size_t n = cfg_.max_requests;
-    std::byte* at = write_state_.data() + sources * detail::step_source_bytes + s * write_books_bytes(n);
+    std::byte* at = write_state_.data() + sources * detail::step_source_bytes + s * write_books_bytes(n, speculative());
     const detail::write_control fresh{};
-    for (int k = 0; k < 2; ++k) {
-      detail::write_workspace_view& w = k == 0 ? src.wws : src.cws;
+    for (int k = 0; k < (speculative() ? 3 : 2); ++k) {
+      detail::write_workspace_view& w = k == 0 ? src.wws : k == 1 ? src.cws : src.sws;
       w.control = reinterpret_cast<detail::write_control*>(at);
       w.sticky = reinterpret_cast<entry_error*>(at + write_control_bytes);
       w.capacity = static_cast<std::uint32_t>(n);
@@ -1964,6 +2051,7 @@ class hierarchy {
       table[s].view = src.view;
       table[s].wws = src.wws;
       table[s].cws = src.cws;
+      table[s].sws = src.sws;
       table[s].vws = src.vws;
       table[s].mirror = src.mirror_view;
       table[s].work = src.work;
@@ -2020,10 +2108,12 @@ class hierarchy {
                                   " works on the host books and cannot be captured: call it between graph replays");
   }
   /// The batched-launch part of `check_errors`: throws the first bad entry of the first failing
-  /// batched append, then commit, of a source, and clears the record.
+  /// batched append, then stage, then commit, of a source, and clears the record.
   void check_write_errors(std::size_t s, cudaStream_t stream) {
-    for (int k = 0; k < 2; ++k) {
-      const detail::write_workspace_view& w = k == 0 ? src_[s].wws : src_[s].cws;
+    static constexpr const char* calls[3] = {"append", "stage", "commit"};
+    for (int k = 0; k < 3; ++k) {
+      const detail::write_workspace_view& w = k == 0 ? src_[s].wws : k == 1 ? src_[s].sws : src_[s].cws;
+      if (w.control == nullptr) continue;  // no stage books without speculation
       const detail::write_control ctl = read_on(stream, w.control, 1).front();
       if (ctl.first_error == ~0ull) continue;
       const auto e = static_cast<std::size_t>(ctl.first_error & 0xFFFFFFFFull);
@@ -2031,7 +2121,7 @@ class hierarchy {
       // Cleared in `stream` order and waited for, so every later launch, on any stream, sees it cleared.
       DHISPARSE_CUDA_TRY(cudaMemsetAsync(&w.control->first_error, 0xFF, sizeof(ctl.first_error), stream));
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-      throw_error(to_errc(r.code), describe_write(s, e, r, k == 0 ? "append" : "commit"));
+      throw_error(to_errc(r.code), describe_write(s, e, r, calls[k]));
     }
   }
   std::string describe_write(std::size_t source, std::size_t e, const entry_error& r, const char* call) const {
@@ -2044,8 +2134,17 @@ class hierarchy {
       case errc::duplicate_in_batch:
         return request_name(r.slot) + " appears twice in one " + call + " batch" + where;
       case errc::size_mismatch:
+        if (std::string_view(call) == "stage")
+          return who + " with " + std::to_string(r.value) + " positions (a block holds at least the anchor)" + where;
         return who + ": " + std::to_string(r.value) + " rows, outside [0, the kv_write_view's max_rows]" + where;
+      case errc::block_too_wide:
+        return who + " with " + std::to_string(r.value) + " positions, the stage_view's max_block is " +
+               std::to_string(r.index) + where;
       case errc::capacity_exceeded:
+        if (std::string_view(call) == "stage")
+          return who + ": positions up to " + std::to_string(r.value - 1) + " exceed the capacity of " +
+                 std::to_string(cfg_.max_rows) + " rows of " +
+                 std::to_string(Layout::sources[source].positions_per_row) + " positions" + where;
         return who + " would reach row " + std::to_string(r.value) + " (frontier " + std::to_string(r.frontier) +
                "), past its reserved rows or max_rows " + std::to_string(cfg_.max_rows) +
                " (reserve_rows / reserve_ahead first)" + where;

@@ -1,16 +1,17 @@
 #pragma once
 /// \file
-/// Device descriptors of an engine step's KV writes and speculative commits (vLLM slot-mapping
+/// Device descriptors of an engine step's KV writes, speculative stages and commits (vLLM slot-mapping
 /// style): POD views over the engine's own device buffers, read on the device when the kernel runs,
 /// so one launch per source covers every request of a step, nothing is allocated, and a CUDA graph
 /// captured once replays with new contents. `capacity` and the pointers are fixed at capture.
 ///
 /// Entry e names request slot `slots[e]` (`hierarchy::slot_of`; -1 = padding, skipped). A bad
 /// entry (a slot that holds no request, the same slot twice, a row count outside [0, max_rows],
-/// rows past the request's reservation or capacity; for commits a round that was not verified or
-/// an acceptance beyond it) is left untouched, the other entries proceed, and
-/// `hierarchy::check_errors` throws the typed error of the first bad entry of the first failing
-/// launch (errors.hpp: unknown_request, duplicate_in_batch, size_mismatch, capacity_exceeded,
+/// rows past the request's reservation or capacity; for stages a block of 0 positions, one wider
+/// than max_block or past max_rows; for commits a round that was not verified or an acceptance
+/// beyond it) is left untouched, the other entries proceed, and `hierarchy::check_errors` throws
+/// the typed error of the first bad entry of the first failing launch (errors.hpp:
+/// unknown_request, duplicate_in_batch, size_mismatch, block_too_wide, capacity_exceeded,
 /// commit_without_verify, acceptance_beyond_block).
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +36,44 @@ struct kv_write_view {
   std::uint64_t row_stride = 0;                    ///< bytes between consecutive buffer rows (0: row_bytes)
   std::uint32_t max_rows = 1;                      ///< most rows one entry writes
   std::uint32_t capacity = 0;                      ///< entries (at most max_requests)
+};
+
+/// Draft blocks of one speculative round on one source (`hierarchy::stage_blocks(source,
+/// stage_view, stream)`): the target's KV of each request's anchor and proposals, staged into the
+/// tail ring past the committed window (not the host store; the frontier stays), as the
+/// per-request `stage_block` does. Entry e stages `counts[e]` token positions n .. n+counts[e]-1
+/// (n = the request's committed positions, read on the device), 1 <= counts[e] <= max_block;
+/// they cover `hierarchy::block_rows` stored rows (m = 1: counts[e]; packed sources: the
+/// boundary row first, re-supplied whole). Row i of entry e in payload layer l is read at
+/// `layer_rows[l] + (first[e] + i) * row_stride` (`first` null: entry e starts at
+/// `e * max_block`), laid out as `kv_write_view`'s buffers. Row buffers and `row_stride` must be
+/// 16-byte aligned.
+struct stage_view {
+  const std::int32_t* slots = nullptr;           ///< [capacity] request slot, -1 = padding
+  const std::int32_t* counts = nullptr;          ///< [capacity] K_r positions of each entry's block, 1 .. max_block
+  const std::int32_t* first = nullptr;           ///< [capacity] first buffer row of each entry, or null
+  const std::byte* const* layer_rows = nullptr;  ///< [payload layers of the source] device row buffers
+  std::uint64_t row_stride = 0;                  ///< bytes between consecutive buffer rows (0: row_bytes)
+  std::uint32_t max_block = 0;                   ///< widest block one entry stages (0: the hierarchy's K_max)
+  std::uint32_t capacity = 0;                    ///< entries (at most max_requests)
+};
+
+/// Draft blocks of one speculative round on EVERY source (`hierarchy::stage_step`): one launch
+/// stages them all. Entry e is one request (`slots[e]`, -1 = padding) whose block of `counts[e]`
+/// positions is staged on each source (the draft is the same K_r tokens for every layer), checked
+/// per (source, entry) as `stage_view` is per entry. Row i of entry e in payload layer l of
+/// source s is read at `layer_rows[step_layer_index<Layout>(s, l)] + (first[e] + i) * stride`,
+/// the buffers of `kv_step_write_view`; a packed source reads `block_rows` rows of its own there.
+/// `row_stride` 0: each buffer's own row_bytes; otherwise one stride, a multiple of 16 of at least
+/// the widest row, for every buffer.
+struct stage_step_view {
+  const std::int32_t* slots = nullptr;           ///< [capacity] request slot, -1 = padding
+  const std::int32_t* counts = nullptr;          ///< [capacity] K_r positions of each entry's block, 1 .. max_block
+  const std::int32_t* first = nullptr;           ///< [capacity] first buffer row of each entry, or null
+  const std::byte* const* layer_rows = nullptr;  ///< [step_layers] device row buffers per (source, payload layer)
+  std::uint64_t row_stride = 0;                  ///< bytes between consecutive buffer rows (0: each row_bytes)
+  std::uint32_t max_block = 0;                   ///< widest block one entry stages (0: the hierarchy's K_max)
+  std::uint32_t capacity = 0;                    ///< entries (at most max_requests)
 };
 
 /// Accepted counts of one speculative round on one source (`hierarchy::commit(source,

@@ -71,6 +71,15 @@ struct commit_item {
   std::size_t accepted = 0;  ///< 0 <= accepted <= K_r - 1 of the last verify
 };
 
+/// One request's part of a batched `stage_blocks` (the twin of a `cuda::stage_view` entry): its
+/// draft block of `count` positions, laid out as the per-request `stage_block` expects.
+struct stage_item {
+  /// The admitted request whose block is staged.
+  request_id request = 0;
+  std::span<const std::byte> rows;  ///< block_rows(request, source, count) * payload_layers * row_bytes bytes
+  std::size_t count = 0;            ///< K_r positions: the anchor and count - 1 proposals, 1 .. max_block
+};
+
 /// Bytes a host hierarchy allocates (two-phase sizing, like cuda::hierarchy::requirements).
 struct host_memory_requirements {
   std::size_t pool_bytes = 0;           ///< the simulated GPU pools of every payload layer
@@ -406,9 +415,43 @@ class host_hierarchy {
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     check_speculative(source);
     const std::size_t slot = registry_.slot(id);
+    check_stage(id, source, slot, rows, count);
+    stage_checked(source, slot, rows, count);
+  }
+
+  /// Stages the draft blocks of a batch of requests on one source (one speculative round): equals
+  /// a per-request `stage_block` of each item in order (the executable spec of
+  /// `cuda::hierarchy::stage_blocks`). All or nothing: every item is validated first (unknown
+  /// request, the same request twice: duplicate_in_batch, then the per-request checks: size_mismatch,
+  /// block_too_wide, capacity_exceeded) and on an error nothing changes.
+  void stage_blocks(std::size_t source, std::span<const stage_item> batch) {
+    check_speculative(source);
+    const auto slots = batch_slots(batch, "stage_blocks", [&](std::size_t slot, const stage_item& item) {
+      check_stage(item.request, source, slot, item.rows, item.count);
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b) stage_checked(source, slots[b], batch[b].rows, batch[b].count);
+  }
+
+  /// Stages the draft blocks of a whole round: every item is one (request, source). Equals the
+  /// per-source `stage_blocks` of each source's items (the executable spec of
+  /// `cuda::hierarchy::stage_step`). All or nothing: every item is validated first
+  /// (invalid_configuration without speculation, invalid_source, unknown_request, the same
+  /// (request, source) twice: duplicate_in_batch, then the per-request checks) and on an error
+  /// nothing changes.
+  void stage_step(std::span<const step_stage_item> batch) {
+    if (cfg_.max_block < 2) check_speculative(0);
+    const auto slots = step_slots(batch, "stage_step", [&](std::size_t slot, const step_stage_item& item) {
+      check_stage(item.request, item.source, slot, item.rows, item.count);
+    });
+    for (std::size_t b = 0; b < batch.size(); ++b)
+      stage_checked(batch[b].source, slots[b], batch[b].rows, batch[b].count);
+  }
+
+ private:
+  /// The checks of `stage_block` after the slot's (speculative source, known request).
+  void check_stage(request_id id, std::size_t source, std::size_t slot, std::span<const std::byte> rows,
+                   std::size_t count) const {
     const auto& d = Layout::sources[source];
-    auto& src = src_[source];
-    const std::int64_t f = src.books.slot(slot).frontier;
     const std::int64_t n = committed_positions(source, slot);
     const auto m = static_cast<std::int64_t>(d.positions_per_row);
     detail::validate_block(count, cfg_.max_block, n, m, cfg_.max_rows, id, source);
@@ -418,6 +461,13 @@ class host_hierarchy {
                           " got " + std::to_string(rows.size()) + " bytes for " + std::to_string(count) +
                           " positions in " + std::to_string(nrows) + " rows, expected " +
                           std::to_string(nrows * d.payload_layers * d.row_bytes));
+  }
+  /// The bytes and books of a stage whose checks passed.
+  void stage_checked(std::size_t source, std::size_t slot, std::span<const std::byte> rows, std::size_t count) {
+    const auto& d = Layout::sources[source];
+    auto& src = src_[source];
+    const std::int64_t f = src.books.slot(slot).frontier;
+    const std::size_t nrows = rows_of_block(source, slot, count);
     // The committed window (rows >= f - T) and the block rows f .. f+nrows-1 (nrows <= count <=
     // K_max) span at most T + K_max consecutive rows: they never share a ring row.
     for (std::size_t i = 0; i < nrows; ++i)
@@ -428,6 +478,8 @@ class host_hierarchy {
     st.staged = count;
     st.verified = 0;
   }
+
+ public:
 
   /// Verifies one speculative round of a batch of requests on one source; see the file comment and
   /// docs/speculative.md. The whole batch is validated before any state changes.
@@ -847,9 +899,13 @@ class host_hierarchy {
         throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
     }
   }
+  // The throw lives out of line so that check_source inlines and the compiler knows source <
+  // sources after it (GCC's -Warray-bounds otherwise follows a constant bad source past the check).
+  [[noreturn]] static void throw_invalid_source(std::size_t source) {
+    throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+  }
   static void check_source(std::size_t source) {
-    if (source >= sources)
-      throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
+    if (source >= sources) throw_invalid_source(source);
   }
   static void check_layer(std::size_t source, std::size_t layer) {
     check_source(source);

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Step-wide writes and speculative commits over device descriptors (kv_write.cuh). One launch
+/// Step-wide writes, speculative stages and commits over device descriptors (kv_write.cuh). One launch
 /// covers every (source, entry) pair of a step (the per-source `append`/`commit` are the same
 /// kernels over one source): one CTA of 1-8 warps per pair, sized by the pair's bytes, validates
 /// its own pair on the device (nothing is read on the host, the launch shape is fixed), writes the
@@ -63,6 +63,7 @@ struct step_source {
   source_view<OrderIndex> view;
   write_workspace_view wws;   ///< error books of writes
   write_workspace_view cws;   ///< error books of commits
+  write_workspace_view sws;   ///< error books of stages (null without speculation)
   verify_workspace_view vws;  ///< device round books (staged / verified / partial); null without speculation
   books_mirror_view mirror;
   backup_item* work = nullptr;    ///< [capacity] the backup work list of the last write or commit
@@ -82,6 +83,19 @@ struct write_args {
   std::uint32_t max_rows = 1;
   std::uint32_t capacity = 0;
   bool step_layers = false;  ///< layer_rows indexed by step_layer_index (true) or by the source's layer
+};
+
+/// The row buffers and counts of a stage, common to `stage_view` (one source) and
+/// `stage_step_view` (every source).
+struct stage_args {
+  const std::int32_t* slots = nullptr;
+  const std::int32_t* counts = nullptr;
+  const std::int32_t* first = nullptr;
+  const std::byte* const* layer_rows = nullptr;
+  std::uint64_t row_stride = 0;
+  std::uint32_t max_block = 1;  ///< the view's (0 resolved to K_max by the host)
+  std::uint32_t capacity = 0;
+  bool step_layers = false;     ///< layer_rows indexed by step_layer_index (true) or by the source's layer
 };
 
 /// Slot check shared by both kernels: status of entry `e` naming `slot` (0 when good). Every
@@ -298,6 +312,71 @@ __global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigne
   finish_write_cta(t.cws);
 }
 
+/// A stage: each (source, entry)'s draft block is checked as the per-request `stage_block` checks
+/// it (slot, duplicate, then the block: 0 positions, wider than max_block, past max_rows; the
+/// committed positions n = frontier * m + partial are read here), and a good one writes its
+/// block rows (the boundary row first) into the tail ring past the committed window and sets the
+/// device round books (staged = count, verified = 0), which the verify kernels check. The
+/// frontier, the host store and the backup work list are not touched: the block rows
+/// [f, f + rows) never share a ring row with the committed window [f - T, f) (the ring holds
+/// T + K_max rows), so a pending backup of the window need not be joined.
+template <class OrderIndex>
+__global__ void step_stage_kernel(const step_source<OrderIndex>* table, unsigned source_begin, stage_args w) {
+  const unsigned e = blockIdx.x;
+  const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
+  const source_view<OrderIndex>& src = t.view;
+  const verify_workspace_view& vws = t.vws;
+  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.sws.control->epoch);
+  const std::int32_t slot = w.slots[e];
+  if (slot >= 0) {
+    entry_error r;
+    r.slot = slot;
+    r.epoch = epoch;
+    r.code = check_entry_slot(src, w.slots, e, slot);
+    r.value = slot;
+    const std::int32_t count = w.counts[e];
+    std::int64_t f = 0, partial = 0;
+    const auto m = static_cast<std::int64_t>(vws.positions_per_row);
+    if (r.code == status_ok) {
+      f = src.frontier[slot];
+      partial = vws.partial[slot];
+      r.frontier = f;
+      r.value = count;
+      const std::int64_t n = f * m + partial;
+      if (count <= 0) {
+        r.code = to_status(errc::size_mismatch);
+      } else if (static_cast<std::uint32_t>(count) > w.max_block) {
+        r.code = to_status(errc::block_too_wide);
+        r.index = static_cast<std::int32_t>(w.max_block);
+      } else if (count > src.max_rows * m - n) {
+        r.code = to_status(errc::capacity_exceeded);
+        r.value = n + count;  // one past the block's last position
+      }
+    }
+    if (r.code != status_ok) {
+      if (threadIdx.x == 0) record_entry_error(t.sws, epoch, e, r);
+    } else {
+      const auto s = static_cast<unsigned>(slot);
+      const auto rows = static_cast<unsigned>((partial + count - 1) / m + 1);  // block_rows: rows <= count
+      const std::size_t base = w.first != nullptr ? static_cast<std::size_t>(w.first[e])
+                                                  : static_cast<std::size_t>(e) * w.max_block;
+      const std::uint64_t stride = w.row_stride != 0 ? w.row_stride : src.row_bytes;
+      const unsigned layer0 = w.step_layers ? t.first_layer : 0u;
+      for_each_vector(src, rows, [&](unsigned l, unsigned i, unsigned v) {
+        const int4* from = reinterpret_cast<const int4*>(w.layer_rows[layer0 + l] + (base + i) * stride);
+        int4* tail = tail_row_address(src, s, l, f + i);
+        if (from != tail) tail[v] = from[v];  // an engine may have written the ring row in place
+      });
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        vws.staged[slot] = count;  // read by later launches only (verify, commit)
+        vws.verified[slot] = 0;    // a new block: the last verify no longer applies
+      }
+    }
+  }
+  finish_write_cta(t.sws);
+}
+
 /// The backup launch (on the engine's backup stream, after the critical launch): copies the rows
 /// of each (source, entry)'s work item from the tail ring to the host store. Nothing else reads
 /// or writes those host rows, and the ring rows stay until the next write, which joins first.
@@ -364,6 +443,15 @@ cudaError_t launch_step_commit(const step_source<OrderIndex>* table, unsigned so
   return cudaGetLastError();
 }
 
+/// The stage over sources [source_begin, source_begin + sources): one CTA per (source, entry).
+template <class OrderIndex>
+cudaError_t launch_step_stage(const step_source<OrderIndex>* table, unsigned source_begin, unsigned sources,
+                              const stage_args& w, unsigned warps, cudaStream_t stream) {
+  if (w.capacity == 0 || sources == 0) return cudaSuccess;
+  step_stage_kernel<OrderIndex><<<dim3(w.capacity, sources), 32 * warps, 0, stream>>>(table, source_begin, w);
+  return cudaGetLastError();
+}
+
 /// The backup of the last critical launch over the same sources and capacity.
 template <class OrderIndex>
 cudaError_t launch_backup_rows(const step_source<OrderIndex>* table, unsigned source_begin, unsigned sources,
@@ -386,6 +474,7 @@ cudaError_t preload_write_kernels() {
   cudaFuncAttributes a{};
   cudaError_t err = cudaFuncGetAttributes(&a, step_write_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, step_commit_kernel<OrderIndex>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, step_stage_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, backup_rows_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, page_table_update_kernel<>);
   return err;
