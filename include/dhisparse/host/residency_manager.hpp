@@ -25,7 +25,12 @@
 ///   as it arrives, newest first while spare pages remain; a page placed earlier is never displaced
 ///   (so with spare pages short, the earliest chunks keep theirs and repopulation later fills the
 ///   newest gaps first). `admit(id, history)` is `admit(id)` plus one chunk per source.
-/// - `complete(id)`: releases the request's slot, host pages, optional pages and required pages.
+/// - `admit(id, prefix, suffix)`: the same on a retained prefix (docs/prefixes.md): the request
+///   shares the prefix's host pages and imports only the suffix; optional pages another request
+///   already maps are shared (one pool page, counted once in M_opt) and reclaim frees a shared page
+///   only with every request that maps it.
+/// - `complete(id)`: releases the request's slot and its references on host and optional pages,
+///   and its required pages.
 /// - `repopulate()`: bounded round-robin refill (detail/repopulation_walk.hpp): at most
 ///   `pages_per_attempt` pages a call; a turn gives each request one page, on the source where it
 ///   holds the fewest, its newest unmapped eligible page; turns start after the last request served.
