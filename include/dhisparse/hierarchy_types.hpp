@@ -18,7 +18,7 @@ struct hierarchy_config {
   std::size_t optional_pages = 0;  ///< P: optional-history pages per source in the GPU pool
   std::size_t max_block = 1;       ///< K_max: widest speculative block (anchor + proposals); 1 = no speculation
   /// Budget of retained prefixes per source, in host-store pages: distinct pages referenced by
-  /// retained prefixes (shared with requests or not); 0 = host_pages. Host backend; see docs/prefixes.md.
+  /// retained prefixes (shared with requests or not); 0 = host_pages. See docs/prefixes.md.
   std::size_t prefix_pages = 0;
 };
 

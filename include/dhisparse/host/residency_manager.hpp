@@ -63,6 +63,7 @@
 #include "../policies/residency.hpp"
 #include "../step_handle.hpp"
 #include "../types.hpp"
+#include "host_store.hpp"
 
 namespace dhisparse {
 
