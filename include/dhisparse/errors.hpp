@@ -38,6 +38,11 @@ enum class errc {
   staging_not_held,          ///< release, or a read of staging rows, by a source that does not hold the arenas
   // Streamed admission (appended, same reason).
   import_after_decode,       ///< history imported on a source after its first decode row (appended, staged or committed)
+  // Shared prefixes (appended, same reason).
+  unknown_prefix,            ///< prefix id not retained now (never retained, released or evicted)
+  duplicate_prefix,          ///< prefix id is already retained
+  prefix_budget_exceeded,    ///< a prefix's pages do not fit hierarchy_config::prefix_pages even with every other prefix evicted
+  suffix_misaligned,         ///< a suffix imported on a prefix does not start at the prefix's end
 };
 
 /// Short name of an error category, for messages and logs.
@@ -68,6 +73,10 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::staging_in_use: return "staging_in_use";
     case errc::staging_not_held: return "staging_not_held";
     case errc::import_after_decode: return "import_after_decode";
+    case errc::unknown_prefix: return "unknown_prefix";
+    case errc::duplicate_prefix: return "duplicate_prefix";
+    case errc::prefix_budget_exceeded: return "prefix_budget_exceeded";
+    case errc::suffix_misaligned: return "suffix_misaligned";
   }
   return "unknown";
 }
@@ -118,6 +127,10 @@ using draft_write_out_of_order = typed_error<errc::draft_write_out_of_order>;
 using staging_in_use = typed_error<errc::staging_in_use>;
 using staging_not_held = typed_error<errc::staging_not_held>;
 using import_after_decode = typed_error<errc::import_after_decode>;
+using unknown_prefix = typed_error<errc::unknown_prefix>;
+using duplicate_prefix = typed_error<errc::duplicate_prefix>;
+using prefix_budget_exceeded = typed_error<errc::prefix_budget_exceeded>;
+using suffix_misaligned = typed_error<errc::suffix_misaligned>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -147,6 +160,10 @@ using import_after_decode = typed_error<errc::import_after_decode>;
     case errc::staging_in_use: throw staging_in_use(what);
     case errc::staging_not_held: throw staging_not_held(what);
     case errc::import_after_decode: throw import_after_decode(what);
+    case errc::unknown_prefix: throw unknown_prefix(what);
+    case errc::duplicate_prefix: throw duplicate_prefix(what);
+    case errc::prefix_budget_exceeded: throw prefix_budget_exceeded(what);
+    case errc::suffix_misaligned: throw suffix_misaligned(what);
   }
   throw error(code, what);
 }

@@ -17,6 +17,9 @@ struct hierarchy_config {
   std::size_t tail_rows = 0;       ///< T: tail ring rows per slot and source; 0 = one page
   std::size_t optional_pages = 0;  ///< P: optional-history pages per source in the GPU pool
   std::size_t max_block = 1;       ///< K_max: widest speculative block (anchor + proposals); 1 = no speculation
+  /// Budget of retained prefixes per source, in host-store pages: distinct pages referenced by
+  /// retained prefixes (shared with requests or not); 0 = host_pages. See docs/prefixes.md.
+  std::size_t prefix_pages = 0;
 };
 
 /// Which payload layers a resolver call materialises.

@@ -8,6 +8,8 @@ namespace dhisparse {
 
 /// The engine's identifier of a request.
 using request_id = std::uint64_t;
+/// The engine's identifier of a retained prefix (a hash of its tokens, say); see docs/prefixes.md.
+using prefix_id = std::uint64_t;
 /// A stored-row index in a request's history for one source (the indexer's selection entries).
 using row_index = std::int32_t;
 /// A row index into a source's GPU payload pool; valid in every payload layer of that source.

@@ -45,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../detail/prefix_registry.hpp"
 #include "../detail/request_registry.hpp"
 #include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
@@ -64,6 +65,7 @@
 #include "verify_batch.cuh"
 #include "buffers.cuh"
 #include "detail/copy_kernel.cuh"
+#include "detail/prefix_kernel.cuh"
 #include "detail/residency_kernels.cuh"
 #include "detail/resolve_kernel.cuh"
 #include "detail/staging_ring.cuh"
@@ -883,15 +885,23 @@ class hierarchy {
   /// Makes page `page` of a request's history ready in the optional-history map: takes a free
   /// optional pool page, copies the page's rows (every layer) from the host store on `stream`,
   /// then publishes the map entry behind the copy. Returns false (a wait) when no page is free.
+  /// A page whose host page another request maps (shared prefixes) is published at once on that
+  /// request's pool page, with no copy: its first mapping must be ordered before `stream`.
   bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
     check_source(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
+    const bool had = page < pages_per_request_ && src.books.slot(slot).optional_page[page] >= 0;
     const auto taken = src.books.take_optional(id, source, slot, page);
     if (!taken) return false;
     const auto [g, fresh] = *taken;
-    if (!fresh) return true;
+    if (!fresh) {
+      if (!had)  // shared with a request admitted on the same prefix: publish, no copy
+        DHISPARSE_CUDA_TRY(detail::launch_store_value<std::int32_t>(
+            src.view.optional_page + slot * pages_per_request_ + page, g, stream));
+      return true;
+    }
     // Copy, then publish the map entry behind the copy in stream order.
     try {
       DHISPARSE_CUDA_TRY(detail::launch_optional_page(src.view, src.books.slot(slot).host_pages[page],
@@ -1035,6 +1045,131 @@ class hierarchy {
   [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
     check_source(source);
     return src_[source].books.store().free_pages();
+  }
+
+  // ------------------------------------------------------------------ shared prefixes (docs/prefixes.md)
+  // The host hierarchy's semantics and errors; the books (holder counts, registry) are shared code.
+
+  /// Retains the first `rows[s]` stored rows of a request's history on each source as prefix
+  /// `prefix` (`host_hierarchy::retain_prefix`): host books only, nothing is enqueued. Rows written
+  /// by batched writes are absorbed first (a stream sync when there are any). Returns the evicted prefixes.
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    absorb(stream_);
+    const std::size_t slot = registry_.slot(id);
+    if (prefixes_.contains(prefix)) throw duplicate_prefix("prefix " + std::to_string(prefix) + " is already retained");
+    if (rows.size() != sources)
+      throw size_mismatch("retain_prefix " + std::to_string(prefix) + " gives rows for " + std::to_string(rows.size()) +
+                          " sources, the layout has " + std::to_string(sources));
+    std::array<std::int64_t, sources> r{};
+    std::array<std::vector<page_id>, sources> pages;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const std::int64_t f = src_[s].books.slot(slot).frontier;
+      if (rows[s] < 0)
+        throw position_out_of_range("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
+                                    " rows on source " + std::to_string(s));
+      if (rows[s] > f)
+        throw position_beyond_frontier("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
+                                       " rows on source " + std::to_string(s) + ", request " + std::to_string(id) +
+                                       " stores " + std::to_string(f));
+      r[s] = rows[s];
+      pages[s] = src_[s].books.history_pages(slot, rows[s]);
+    }
+    auto victims = prefixes_.plan_retain(prefix, pages);
+    prefixes_.retain(prefix, r, std::move(pages), victims, books_of_source());
+    return victims;
+  }
+  /// Retains a request's whole stored history on every source.
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    absorb(stream_);
+    const std::size_t slot = registry_.slot(id);
+    std::array<std::int64_t, sources> rows{};
+    for (std::size_t s = 0; s < sources; ++s) rows[s] = src_[s].books.slot(slot).frontier;
+    return retain_prefix(prefix, id, rows);
+  }
+
+  /// Admits a request on retained prefix `prefix` (`host_hierarchy::admit(id, prefix)`): the
+  /// prefix's complete pages are shared (their page-table entries uploaded), and one kernel per
+  /// source copies a partial last page into the request's own host page, fills its tail ring from
+  /// the host store and publishes its frontier, all on `stream`. The prefix's rows must have been
+  /// written before `stream` reaches this call (same stream, or ordered by an event). Waits (not
+  /// admitted, nothing changed) when no slot or no host page for a boundary copy is free. Throws
+  /// duplicate_admission, unknown_prefix.
+  admission admit(request_id id, prefix_id prefix, cudaStream_t stream) {
+    absorb(stream);
+    if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
+    const auto& e = prefixes_.find(prefix);
+    if (registry_.size() >= registry_.capacity()) return {};
+    for (std::size_t s = 0; s < sources; ++s)
+      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.store().free_pages()) return {};
+    const admission a = admit(id, stream);
+    const std::size_t slot = a.slot;
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      const page_id boundary = src.books.share_history(slot, e.pages[s], e.rows[s]);
+      const std::size_t pages = e.pages[s].size();
+      if (pages > 0)
+        DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.view.host_page + slot * pages_per_request_,
+                                           src.books.slot(slot).host_pages.data(), pages * sizeof(std::int32_t),
+                                           cudaMemcpyHostToDevice, stream));
+      DHISPARSE_CUDA_TRY(detail::launch_prefix_admit(src.view, static_cast<unsigned>(slot),
+                                                     boundary == no_page ? -1 : e.pages[s].back(), boundary,
+                                                     e.rows[s], sm_count_ * 8, stream));
+      mirror_books(s, slot);
+    }
+    prefixes_.touch(prefix);
+    return a;
+  }
+  /// As above, on the hierarchy's stream.
+  admission admit(request_id id, prefix_id prefix) { return admit(id, prefix, stream_); }
+
+  /// Drops a retained prefix (`host_hierarchy::release_prefix`); throws unknown_prefix.
+  void release_prefix(prefix_id prefix) { prefixes_.release(prefix, books_of_source()); }
+  /// True while `prefix` is retained.
+  [[nodiscard]] bool contains_prefix(prefix_id prefix) const { return prefixes_.contains(prefix); }
+  /// Rows prefix `prefix` retains on a source; throws unknown_prefix.
+  [[nodiscard]] std::int64_t prefix_rows(prefix_id prefix, std::size_t source) const {
+    check_source(source);
+    return prefixes_.find(prefix).rows[source];
+  }
+  /// Host-store pages holding a prefix's rows on a source; throws unknown_prefix.
+  [[nodiscard]] std::span<const page_id> prefix_host_pages(prefix_id prefix, std::size_t source) const {
+    check_source(source);
+    return prefixes_.find(prefix).pages[source];
+  }
+  /// Retained prefixes, least recently used first.
+  [[nodiscard]] std::vector<prefix_id> retained_prefixes() const { return prefixes_.lru(); }
+  /// Distinct host pages retained prefixes hold on a source.
+  [[nodiscard]] std::size_t prefix_pages_held(std::size_t source) const {
+    check_source(source);
+    return prefixes_.held_pages(source);
+  }
+  /// Host-store page of each history page of a request/source (host books).
+  [[nodiscard]] std::span<const page_id> host_pages_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].books.slot(registry_.slot(id)).host_pages;
+  }
+  /// Holders (requests and retained prefixes) of host page `page` of a source.
+  [[nodiscard]] std::uint32_t host_page_refs(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return src_[source].books.page_refs(page);
+  }
+  /// Retained prefixes holding host page `page` of a source.
+  [[nodiscard]] std::uint32_t host_page_prefix_refs(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return prefixes_.page_holders(source, page);
+  }
+  /// Optional pool page serving host page `page` of a source, -1 when none.
+  [[nodiscard]] std::int32_t optional_page_of_host(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return src_[source].books.optional_of_host(page);
+  }
+  /// Requests mapping optional pool page `page` of a source.
+  [[nodiscard]] std::uint32_t optional_page_refs(std::size_t source, std::int32_t page) const {
+    check_source(source);
+    if (page < 0 || static_cast<std::size_t>(page) >= cfg_.optional_pages)
+      throw position_out_of_range("optional page " + std::to_string(page) + " outside the pool's " +
+                                  std::to_string(cfg_.optional_pages));
+    return src_[source].books.optional_refs(page);
   }
 
   // ------------------------------------------------------------------ speculative verification
@@ -1603,6 +1738,10 @@ class hierarchy {
                                   " bytes of shared memory per CTA, more than this device offers");
     DHISPARSE_CUDA_TRY(prep);
     DHISPARSE_CUDA_TRY(detail::preload_hierarchy_kernels<order_index>());
+    {
+      cudaFuncAttributes attributes{};  // loaded now, not at the first admission on a prefix (lazy loading may sync)
+      DHISPARSE_CUDA_TRY(cudaFuncGetAttributes(&attributes, detail::prefix_admit_kernel<order_index>));
+    }
     DHISPARSE_CUDA_TRY(detail::preload_write_kernels<order_index>());
     DHISPARSE_CUDA_TRY((detail::preload_readback_kernels<entry_stats, verify_entry_stats>()));
 
@@ -1626,6 +1765,7 @@ class hierarchy {
     backup_done_ = detail::unique_event(cudaEventDisableTiming);
     for (std::size_t s = 0; s < sources; ++s) build_source(s, adopted[s]);
     build_step_table();
+    prefixes_ = dhisparse::detail::prefix_registry<sources>(cfg_.host_pages, cfg_.prefix_pages);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
 
@@ -1644,6 +1784,7 @@ class hierarchy {
     if (c.tail_rows == 0) c.tail_rows = page_rows;
     const std::size_t pages_per_request = (c.max_rows + page_rows - 1) / page_rows;
     if (c.host_pages == 0) c.host_pages = c.max_requests * pages_per_request;
+    if (c.prefix_pages == 0 || c.prefix_pages > c.host_pages) c.prefix_pages = c.host_pages;
     return c;
   }
   static offsets source_offsets(const hierarchy_config& c, std::size_t s) {
@@ -2161,6 +2302,16 @@ class hierarchy {
   [[nodiscard]] static std::size_t pages_for(std::int64_t rows) {
     return (static_cast<std::size_t>(rows) + page_rows - 1) / page_rows;
   }
+  void check_host_page(std::size_t source, page_id page) const {
+    check_source(source);
+    if (page < 0 || static_cast<std::size_t>(page) >= cfg_.host_pages)
+      throw position_out_of_range("host page " + std::to_string(page) + " outside the store's " +
+                                  std::to_string(cfg_.host_pages));
+  }
+  /// Source s's books, for the prefix registry.
+  auto books_of_source() {
+    return [this](std::size_t s) -> dhisparse::detail::history_books& { return src_[s].books; };
+  }
   static void check_source(std::size_t source) {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
@@ -2333,6 +2484,7 @@ class hierarchy {
     cudaStream_t stream = nullptr;    // the backup stream
   };
   mutable backup_state backup_{};     // mutable: const host-store readers wait for an eager backup
+  dhisparse::detail::prefix_registry<sources> prefixes_;  // retained prefixes (docs/prefixes.md)
 };
 
 }  // namespace dhisparse::cuda

@@ -249,6 +249,10 @@ class residency_manager {
   /// staged through a stream-ordered device allocation, then imported as above.
   residency_admission admit(request_id id, std::span<const history_import> history) {
     for (std::size_t s = 0; s < history.size() && s < sources; ++s) {
+      if (history[s].first_row != 0)  // no prefixes on this backend yet: imports start at row 0
+        throw suffix_misaligned("residency: request " + std::to_string(id) + " imports rows from row " +
+                                std::to_string(history[s].first_row) + " on source " + std::to_string(s) +
+                                ", a plain admission starts at row 0");
       const auto& d = layout::sources[s];
       if (history[s].count <= h_.config().max_rows &&
           history[s].rows.size() != history[s].count * d.payload_layers * d.row_bytes)

@@ -4,6 +4,13 @@
 /// slot stores, which host-store page holds each history page, which optional pool page serves it,
 /// and the free optional pool. Every operation validates before it changes anything and throws the
 /// typed errors of errors.hpp; the backends only move bytes.
+///
+/// Shared prefixes (docs/prefixes.md): a host page may be held by several slots and retained
+/// prefixes at once, so every host page has a holder count and returns to the store only when the
+/// last holder drops it. Histories are append-only and a slot's shared pages are complete pages
+/// below its own rows, so shared pages are never written (no copy on write). The optional pool is
+/// keyed by host page: the slots that map the same host page share one pool page (counted once),
+/// which returns to the pool when its last slot unmaps it.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +52,54 @@ class history_books {
       : max_rows_(max_rows), page_rows_(page_rows), store_(std::move(store)), slots_(slots) {
     for (auto& s : slots_) reset(s);
     for (std::size_t g = optional_pages; g-- > 0;) free_optional_.push_back(static_cast<std::int32_t>(g));
+    refs_.assign(store_.total_pages(), 0);
+    optional_of_host_.assign(store_.total_pages(), -1);
+    optional_refs_.assign(optional_pages, 0);
+  }
+
+  /// Holders of host page `g` (slots and retained prefixes); 0 when free.
+  [[nodiscard]] std::uint32_t page_refs(page_id g) const { return refs_[static_cast<std::size_t>(g)]; }
+  /// Slots mapping optional pool page `g`; 0 when free.
+  [[nodiscard]] std::uint32_t optional_refs(std::int32_t g) const { return optional_refs_[static_cast<std::size_t>(g)]; }
+  /// Optional pool page serving host page `g`, -1 when none.
+  [[nodiscard]] std::int32_t optional_of_host(page_id g) const { return optional_of_host_[static_cast<std::size_t>(g)]; }
+  /// One more holder of an allocated host page (a retained prefix or a slot sharing it).
+  void share_page(page_id g) { ++refs_[static_cast<std::size_t>(g)]; }
+  /// One holder fewer; the page returns to the store with its last holder.
+  void drop_page(page_id g) {
+    if (--refs_[static_cast<std::size_t>(g)] == 0) store_.release(g);
+  }
+
+  /// Fills an empty slot with the first `rows` rows of a retained history held in `pages` (the
+  /// history pages covering them, in order): complete pages are shared, a partially filled last
+  /// page (rows % page_rows != 0) is replaced by a fresh page of the slot's own, returned so the
+  /// caller copies its first rows (the prefix's rows of the boundary page: a copy at admission,
+  /// because the slot's own rows will follow them in that page). Check first with
+  /// `pages_to_share`: a boundary copy needs one free host page.
+  page_id share_history(std::size_t s, std::span<const page_id> pages, std::int64_t rows) {
+    auto& st = slots_[s];
+    const std::size_t full = static_cast<std::size_t>(rows) / page_rows_;
+    for (std::size_t g = 0; g < full; ++g) {
+      st.host_pages[g] = pages[g];
+      share_page(pages[g]);
+    }
+    page_id boundary = no_page;
+    if (full < pages.size()) {
+      boundary = take_page();
+      st.host_pages[full] = boundary;
+    }
+    st.allocated_pages = pages.size();
+    st.frontier = rows;
+    return boundary;
+  }
+  /// Host pages `share_history` allocates for a history of `rows` rows (the boundary copy).
+  [[nodiscard]] std::size_t pages_to_share(std::int64_t rows) const {
+    return static_cast<std::size_t>(rows) % page_rows_ != 0 ? 1 : 0;
+  }
+  /// The host pages holding rows [0, rows) of a slot (rows <= frontier).
+  [[nodiscard]] std::vector<page_id> history_pages(std::size_t s, std::int64_t rows) const {
+    const auto& st = slots_[s];
+    return std::vector<page_id>(st.host_pages.begin(), st.host_pages.begin() + static_cast<std::ptrdiff_t>(pages_for(rows)));
   }
 
   [[nodiscard]] const slot_books& slot(std::size_t s) const { return slots_[s]; }
@@ -92,7 +147,7 @@ class history_books {
   reserve_span reserve(std::size_t s, std::size_t rows_ahead) {
     auto& st = slots_[s];
     reserve_span r{st.allocated_pages, st.allocated_pages + pages_to_reserve(s, rows_ahead)};
-    for (std::size_t g = r.first_page; g < r.last_page; ++g) st.host_pages[g] = store_.allocate();
+    for (std::size_t g = r.first_page; g < r.last_page; ++g) st.host_pages[g] = take_page();
     st.allocated_pages = r.last_page;
     return r;
   }
@@ -100,7 +155,7 @@ class history_books {
   void undo_reserve(std::size_t s, const reserve_span& r) {
     auto& st = slots_[s];
     for (std::size_t g = r.last_page; g-- > r.first_page;) {
-      store_.release(st.host_pages[g]);
+      drop_page(st.host_pages[g]);
       st.host_pages[g] = no_page;
     }
     st.allocated_pages = r.first_page;
@@ -146,7 +201,7 @@ class history_books {
     a.last_row = st.frontier + static_cast<std::int64_t>(count);
     a.first_page = st.allocated_pages;
     a.last_page = std::max(st.allocated_pages, pages_for(a.last_row));
-    for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = store_.allocate();
+    for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = take_page();
     st.allocated_pages = a.last_page;
     st.frontier = a.last_row;
     return a;
@@ -157,7 +212,7 @@ class history_books {
   void undo_append(std::size_t s, const append_span& a) {
     auto& st = slots_[s];
     for (std::size_t g = a.last_page; g-- > a.first_page;) {
-      store_.release(st.host_pages[g]);
+      drop_page(st.host_pages[g]);
       st.host_pages[g] = no_page;
     }
     st.allocated_pages = a.first_page;
@@ -176,11 +231,25 @@ class history_books {
                                      " on source " + std::to_string(source) + " is not complete (" +
                                      std::to_string(st.frontier) + " rows)");
     if (st.optional_page[page] >= 0) return std::pair{st.optional_page[page], false};
+    const auto host = static_cast<std::size_t>(st.host_pages[page]);
+    if (const std::int32_t shared = optional_of_host_[host]; shared >= 0) {  // another slot mapped it: share
+      ++optional_refs_[static_cast<std::size_t>(shared)];
+      st.optional_page[page] = shared;
+      return std::pair{shared, false};
+    }
     if (free_optional_.empty()) return std::nullopt;
     const std::int32_t g = free_optional_.back();
     free_optional_.pop_back();
     st.optional_page[page] = g;
+    optional_of_host_[host] = g;
+    optional_refs_[static_cast<std::size_t>(g)] = 1;
     return std::pair{g, true};
+  }
+  /// True when mapping history page `page` of a slot would take a page from the pool (it is not
+  /// mapped by the slot, nor by another slot sharing its host page).
+  [[nodiscard]] bool mapping_takes_pool_page(std::size_t s, std::size_t page) const {
+    const auto& st = slots_[s];
+    return st.optional_page[page] < 0 && optional_of_host_[static_cast<std::size_t>(st.host_pages[page])] < 0;
   }
 
   /// Returns the optional pool page of a history page to the pool; false when it had none.
@@ -188,18 +257,22 @@ class history_books {
     auto& st = slots_[s];
     check_page(id, page);
     if (st.optional_page[page] < 0) return false;
-    give_back_optional(st.optional_page[page]);
+    unref_optional(st.host_pages[page], st.optional_page[page]);
     st.optional_page[page] = -1;
     return true;
   }
 
   /// Takes the optional pool page of a history page out of the slot's map without returning it to
-  /// the pool (a GPU reader may still use it: the caller recycles it later); -1 when it had none.
+  /// the pool (a GPU reader may still use it: the caller recycles it later); -1 when it had none,
+  /// or when other slots still map it (shared: it stays in the pool for them).
   std::int32_t detach_optional(request_id id, std::size_t s, std::size_t page) {
     auto& st = slots_[s];
     check_page(id, page);
     const std::int32_t g = st.optional_page[page];
     st.optional_page[page] = -1;
+    if (g < 0) return g;
+    if (--optional_refs_[static_cast<std::size_t>(g)] > 0) return -1;
+    optional_of_host_[static_cast<std::size_t>(st.host_pages[page])] = -1;
     return g;
   }
 
@@ -207,12 +280,13 @@ class history_books {
   void recycle_optional(std::int32_t g) { give_back_optional(g); }
 
   /// Returns every host and optional page of a slot and empties it (request completion).
+  /// Host pages shared with other holders stay allocated, and so do optional pages other slots map.
   void release_slot(std::size_t s) {
     auto& st = slots_[s];
+    for (std::size_t page = 0; page < st.optional_page.size(); ++page)
+      if (st.optional_page[page] >= 0) unref_optional(st.host_pages[page], st.optional_page[page]);
     for (page_id g : st.host_pages)
-      if (g != no_page) store_.release(g);
-    for (std::int32_t g : st.optional_page)
-      if (g >= 0) give_back_optional(g);
+      if (g != no_page) drop_page(g);
     reset(st);
   }
 
@@ -228,6 +302,16 @@ class history_books {
       throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
                                   " is outside its " + std::to_string(pages_per_request()) + " history pages");
   }
+  page_id take_page() {
+    const page_id g = store_.allocate();
+    refs_[static_cast<std::size_t>(g)] = 1;
+    return g;
+  }
+  void unref_optional(page_id host, std::int32_t g) {
+    if (--optional_refs_[static_cast<std::size_t>(g)] > 0) return;  // other slots still map it
+    optional_of_host_[static_cast<std::size_t>(host)] = -1;
+    give_back_optional(g);
+  }
   void give_back_optional(std::int32_t g) {  // keep "lowest free page first"
     free_optional_.insert(std::upper_bound(free_optional_.begin(), free_optional_.end(), g, std::greater<>()), g);
   }
@@ -236,6 +320,9 @@ class history_books {
   host_store store_;
   std::vector<slot_books> slots_;
   std::vector<std::int32_t> free_optional_;  // descending: back() is the lowest free page
+  std::vector<std::uint32_t> refs_;              // host page -> holders (slots, retained prefixes)
+  std::vector<std::int32_t> optional_of_host_;   // host page -> optional pool page serving it, -1 if none
+  std::vector<std::uint32_t> optional_refs_;     // optional pool page -> slots mapping it
 };
 
 }  // namespace dhisparse::detail

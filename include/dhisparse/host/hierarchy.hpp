@@ -24,6 +24,7 @@
 /// stays in the tail ring, and a query may select a row only once all of its positions are visible
 /// to that query (docs/speculative.md, "Packed rows").
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +37,7 @@
 
 #include "../detail/history_books.hpp"
 #include "../detail/lru_order.hpp"
+#include "../detail/prefix_registry.hpp"
 #include "../detail/request_registry.hpp"
 #include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
@@ -177,7 +179,8 @@ class host_hierarchy {
     return {true, *slot};
   }
 
-  /// Completes a request: its host pages, optional pages and slot are released.
+  /// Completes a request: its slot and its references on host and optional pages are released
+  /// (pages that retained prefixes or other requests still hold stay).
   void complete(request_id id) {
     std::size_t slot = registry_.slot(id);
     for (std::size_t s = 0; s < sources; ++s) {
@@ -187,6 +190,140 @@ class host_hierarchy {
       reset_hot(src.state[slot]);
     }
     registry_.release(id);
+  }
+
+  // ------------------------------------------------------------------ shared prefixes (docs/prefixes.md)
+
+  /// Retains the first `rows[s]` stored rows of a request's history on each source as prefix
+  /// `prefix`, which later requests can be admitted on (`admit(id, prefix)`). The prefix takes a
+  /// reference on the host pages holding those rows (nothing is copied); they stay allocated while
+  /// the prefix or any request holds them. A partially filled last page is referenced too: its
+  /// first rows never change (histories are append-only), and an admission copies them into a page
+  /// of its own. The prefix becomes the most recently used; least recently used prefixes are
+  /// evicted while the distinct pages held by prefixes would exceed `hierarchy_config::prefix_pages`
+  /// on some source. Returns the evicted prefixes, least recently used first. Throws, state
+  /// unchanged: unknown_request, duplicate_prefix, size_mismatch (`rows` not one entry per source),
+  /// position_out_of_range (negative), position_beyond_frontier (past the stored rows),
+  /// prefix_budget_exceeded (does not fit even with every other prefix evicted).
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    const std::size_t slot = registry_.slot(id);
+    if (prefixes_.contains(prefix)) throw duplicate_prefix("prefix " + std::to_string(prefix) + " is already retained");
+    if (rows.size() != sources)
+      throw size_mismatch("retain_prefix " + std::to_string(prefix) + " gives rows for " + std::to_string(rows.size()) +
+                          " sources, the layout has " + std::to_string(sources));
+    std::array<std::int64_t, sources> r{};
+    std::array<std::vector<page_id>, sources> pages;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const std::int64_t f = src_[s].books.slot(slot).frontier;
+      if (rows[s] < 0)
+        throw position_out_of_range("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
+                                    " rows on source " + std::to_string(s));
+      if (rows[s] > f)
+        throw position_beyond_frontier("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
+                                       " rows on source " + std::to_string(s) + ", request " + std::to_string(id) +
+                                       " stores " + std::to_string(f));
+      r[s] = rows[s];
+      pages[s] = src_[s].books.history_pages(slot, rows[s]);
+    }
+    auto victims = prefixes_.plan_retain(prefix, pages);
+    prefixes_.retain(prefix, r, std::move(pages), victims, books_of_source());
+    return victims;
+  }
+  /// Retains a request's whole stored history on every source (`frontier(id, s)` rows each).
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    const std::size_t slot = registry_.slot(id);
+    std::array<std::int64_t, sources> rows{};
+    for (std::size_t s = 0; s < sources; ++s) rows[s] = src_[s].books.slot(slot).frontier;
+    return retain_prefix(prefix, id, rows);
+  }
+
+  /// Admits a request whose history starts with retained prefix `prefix`: on each source it shares
+  /// the prefix's complete host pages (reference-counted, never copied), copies the prefix's rows
+  /// of a partially filled last page into a host page of its own (the only copy; the request's rows
+  /// follow them there), and fills its tail ring with the prefix's newest rows; its hot cache starts
+  /// empty. Its frontier is then the prefix's rows and its own rows are appended after them. The
+  /// prefix becomes the most recently used. Waits (returns not admitted, nothing changed) when no
+  /// slot is free or a boundary copy finds no free host page. Throws duplicate_admission, unknown_prefix.
+  admission admit(request_id id, prefix_id prefix) {
+    if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
+    const auto& e = prefixes_.find(prefix);
+    if (registry_.size() >= registry_.capacity()) return {};
+    for (std::size_t s = 0; s < sources; ++s)
+      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.store().free_pages()) return {};
+    const std::size_t slot = *registry_.admit(id);
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& d = Layout::sources[s];
+      auto& books = src_[s].books;
+      const std::int64_t rows = e.rows[s];
+      const page_id boundary = books.share_history(slot, e.pages[s], rows);
+      if (boundary != no_page) {  // copy the prefix's rows of its partial last page
+        const page_id from = e.pages[s].back();
+        for (std::size_t l = 0; l < d.payload_layers; ++l)
+          for (std::int64_t r = rows / static_cast<std::int64_t>(page_rows) * static_cast<std::int64_t>(page_rows);
+               r < rows; ++r)
+            std::memcpy(books.store().row(boundary, l, r).data(), books.store().row(from, l, r).data(), d.row_bytes);
+      }
+      for (std::int64_t r = std::max<std::int64_t>(0, rows - static_cast<std::int64_t>(cfg_.tail_rows)); r < rows; ++r)
+        for (std::size_t l = 0; l < d.payload_layers; ++l)
+          std::memcpy(pool_row(s, l, space_.tail(slot, r)), books.store().row(books.host_page_of(slot, r), l, r).data(),
+                      d.row_bytes);
+    }
+    prefixes_.touch(prefix);
+    return {true, slot};
+  }
+
+  /// Drops a retained prefix: its references on host pages go (pages no request holds are freed);
+  /// requests admitted on it keep theirs. Throws unknown_prefix (never retained, released or
+  /// evicted), state unchanged.
+  void release_prefix(prefix_id prefix) { prefixes_.release(prefix, books_of_source()); }
+  /// True while `prefix` is retained.
+  [[nodiscard]] bool contains_prefix(prefix_id prefix) const { return prefixes_.contains(prefix); }
+  /// Rows prefix `prefix` retains on a source; throws unknown_prefix.
+  [[nodiscard]] std::int64_t prefix_rows(prefix_id prefix, std::size_t source) const {
+    check_source(source);
+    return prefixes_.find(prefix).rows[source];
+  }
+  /// Host-store pages holding prefix `prefix`'s rows on a source, in history order (the last may be
+  /// partially filled); throws unknown_prefix.
+  [[nodiscard]] std::span<const page_id> prefix_host_pages(prefix_id prefix, std::size_t source) const {
+    check_source(source);
+    return prefixes_.find(prefix).pages[source];
+  }
+  /// Retained prefixes, least recently used (the next evicted) first.
+  [[nodiscard]] std::vector<prefix_id> retained_prefixes() const { return prefixes_.lru(); }
+  /// Distinct host pages retained prefixes hold on a source (at most `config().prefix_pages`).
+  [[nodiscard]] std::size_t prefix_pages_held(std::size_t source) const {
+    check_source(source);
+    return prefixes_.held_pages(source);
+  }
+  /// Host-store page of each history page of a request/source (no_page where none is allocated).
+  [[nodiscard]] std::span<const page_id> host_pages_of(request_id id, std::size_t source) const {
+    check_source(source);
+    return src_[source].books.slot(registry_.slot(id)).host_pages;
+  }
+  /// Holders (requests and retained prefixes) of host page `page` of a source; 0 when it is free.
+  [[nodiscard]] std::uint32_t host_page_refs(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return src_[source].books.page_refs(page);
+  }
+  /// Retained prefixes holding host page `page` of a source.
+  [[nodiscard]] std::uint32_t host_page_prefix_refs(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return prefixes_.page_holders(source, page);
+  }
+  /// Optional pool page serving host page `page` of a source (shared by every request that maps
+  /// it), -1 when none.
+  [[nodiscard]] std::int32_t optional_page_of_host(std::size_t source, page_id page) const {
+    check_host_page(source, page);
+    return src_[source].books.optional_of_host(page);
+  }
+  /// Requests mapping optional pool page `page` of a source; 0 when it is free.
+  [[nodiscard]] std::uint32_t optional_page_refs(std::size_t source, std::int32_t page) const {
+    check_source(source);
+    if (page < 0 || static_cast<std::size_t>(page) >= cfg_.optional_pages)
+      throw position_out_of_range("optional page " + std::to_string(page) + " outside the pool's " +
+                                  std::to_string(cfg_.optional_pages));
+    return src_[source].books.optional_refs(page);
   }
 
   /// Number of stored rows of a request's history for a source.
@@ -740,6 +877,7 @@ class host_hierarchy {
     if (c.max_block > c.max_rows) throw invalid_configuration("max_block exceeds max_rows");
     const std::size_t pages_per_request = (c.max_rows + page_rows - 1) / page_rows;
     if (c.host_pages == 0) c.host_pages = c.max_requests * pages_per_request;
+    if (c.prefix_pages == 0 || c.prefix_pages > c.host_pages) c.prefix_pages = c.host_pages;
     return c;
   }
   [[nodiscard]] static std::size_t page_of(std::int64_t row) { return static_cast<std::size_t>(row) / page_rows; }
@@ -882,6 +1020,7 @@ class host_hierarchy {
       for (auto& st : src.state) reset_hot(st);
     }
     if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
+    prefixes_ = detail::prefix_registry<sources>(cfg_.host_pages, cfg_.prefix_pages);
   }
   /// The adopting constructor's checks (count, size, alignment), in the CUDA backend's order.
   void check_host_stores(std::span<const std::span<std::byte>> stores) const {
@@ -898,6 +1037,16 @@ class host_hierarchy {
       if (reinterpret_cast<std::uintptr_t>(stores[s].data()) % host_store_alignment != 0)
         throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
     }
+  }
+  void check_host_page(std::size_t source, page_id page) const {
+    check_source(source);
+    if (page < 0 || static_cast<std::size_t>(page) >= cfg_.host_pages)
+      throw position_out_of_range("host page " + std::to_string(page) + " outside the store's " +
+                                  std::to_string(cfg_.host_pages));
+  }
+  /// Source s's books, for the prefix registry.
+  auto books_of_source() {
+    return [this](std::size_t s) -> detail::history_books& { return src_[s].books; };
   }
   // The throw lives out of line so that check_source inlines and the compiler knows source <
   // sources after it (GCC's -Warray-bounds otherwise follows a constant bad source past the check).
@@ -1096,6 +1245,7 @@ class host_hierarchy {
   std::array<source_data, sources> src_;
   std::vector<std::vector<std::byte>> arenas_;  // staging_arenas<chi>: chi arenas, widest rows
   detail::staging_holder<Staging> staging_;
+  detail::prefix_registry<sources> prefixes_;
 };
 
 static_assert(FusedResolver<host_hierarchy<layouts::tiny, lru_hot_cache<16>>>);

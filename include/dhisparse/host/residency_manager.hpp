@@ -25,7 +25,12 @@
 ///   as it arrives, newest first while spare pages remain; a page placed earlier is never displaced
 ///   (so with spare pages short, the earliest chunks keep theirs and repopulation later fills the
 ///   newest gaps first). `admit(id, history)` is `admit(id)` plus one chunk per source.
-/// - `complete(id)`: releases the request's slot, host pages, optional pages and required pages.
+/// - `admit(id, prefix, suffix)`: the same on a retained prefix (docs/prefixes.md): the request
+///   shares the prefix's host pages and imports only the suffix; optional pages another request
+///   already maps are shared (one pool page, counted once in M_opt) and reclaim frees a shared page
+///   only with every request that maps it.
+/// - `complete(id)`: releases the request's slot and its references on host and optional pages,
+///   and its required pages.
 /// - `repopulate()`: bounded round-robin refill (detail/repopulation_walk.hpp): at most
 ///   `pages_per_attempt` pages a call; a turn gives each request one page, on the source where it
 ///   holds the fewest, its newest unmapped eligible page; turns start after the last request served.
@@ -43,6 +48,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -58,6 +64,7 @@
 #include "../policies/residency.hpp"
 #include "../step_handle.hpp"
 #include "../types.hpp"
+#include "host_store.hpp"
 
 namespace dhisparse {
 
@@ -97,6 +104,10 @@ struct history_import {
   std::span<const std::byte> rows;
   /// Rows imported (stored rows, not token positions).
   std::size_t count = 0;
+  /// Row the import starts at: 0 for a plain admission, the prefix's rows on that source for an
+  /// admission on a retained prefix (`residency_manager::admit(id, prefix, suffix)`); any other value
+  /// throws suffix_misaligned, so a suffix cut at the wrong place never lands behind the prefix.
+  std::int64_t first_row = 0;
 };
 
 /// Result of an admission.
@@ -232,68 +243,37 @@ class residency_manager {
   /// duplicate_admission, size_mismatch (history not one entry per source, or wrong byte count),
   /// capacity_exceeded (history longer than max_rows). Returns a wait status when capacity is short.
   residency_admission admit(request_id id, std::span<const history_import> history = {}) {
-    if (seq_of_.contains(id) || h_.contains(id))
-      throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
-    if (!history.empty() && history.size() != sources)
-      throw size_mismatch("residency: admission of request " + std::to_string(id) + " imports history for " +
-                          std::to_string(history.size()) + " sources, the layout has " + std::to_string(sources));
-    std::array<std::size_t, sources> rows{};
-    for (std::size_t s = 0; s < history.size(); ++s) {
-      check_chunk(id, s, 0, history[s].rows.size(), history[s].count);
-      rows[s] = history[s].count;
-    }
-    residency_admission result;
-    if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
-    for (std::size_t s = 0; s < sources; ++s)
-      if ((rows[s] + page_rows - 1) / page_rows > h_.free_host_pages(s))
-        return wait(result, admit_status::wait_for_host_pages);
-
-    // Deficit and the whole requests that cover it, before anything changes.
-    const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
-    std::array<std::size_t, sources> used{};
-    for (std::size_t s = 0; s < sources; ++s) used[s] = required_[s] + optional_[s] + cfg_.reserve_pages;
-    const auto deficit = detail::residency_deficit<sources>(used, take, capacity_pages());
-    std::vector<request_books*> walk;  // candidates in reclaim order (pinned pages are never reclaimed)
-    std::vector<std::array<std::size_t, sources>> held;
-    if (!traits::pins_history) {
-      auto visit = [&](request_books& b) {
-        walk.push_back(&b);
-        held.push_back(b.mapped);
-      };
-      if constexpr (traits::order == reclaim_order::most_recent_first)
-        for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
-      else
-        for (auto& [seq, b] : by_seq_) visit(b);
-    }
-    const auto picked = detail::pick_whole_requests<sources>(held, deficit);
-    if (!picked) return wait(result, admit_status::wait_for_memory);
-    std::vector<request_books*> victims;
-    for (std::size_t i : *picked) victims.push_back(walk[i]);
-
-    // Commit: reclaim, admit, import each source as one chunk.
-    for (request_books* v : victims) {
-      std::size_t pages = 0;
-      for (std::size_t s = 0; s < sources; ++s) pages += unmap_all(*v, s);
-      ++counters_.requests_reclaimed;
-      result.reclaimed_pages += pages;
-    }
-    result.reclaimed_requests = victims.size();
-    const admission a = h_.admit(id);  // a slot is free: checked above
-    result.slot = a.slot;
-    const std::uint64_t seq = next_seq_++;
-    auto& b = by_seq_[seq];
-    b.id = id;
-    seq_of_.emplace(id, seq);
-    for (std::size_t s = 0; s < sources; ++s) {
-      b.pinned_left[s] = pinned_pages_per_request();
-      required_[s] += cfg_.required_pages + b.pinned_left[s];
-    }
-    for (std::size_t s = 0; s < history.size(); ++s)
-      result.mapped_pages += import_chunk(b, s, history[s].rows, history[s].count);  // validated above
-    result.status = admit_status::admitted;
-    ++counters_.admissions;
-    return result;
+    return admit_on(id, std::nullopt, history);
   }
+  /// Resident-first admission on retained prefix `prefix` (docs/prefixes.md): the request shares the
+  /// prefix's host pages (`host_hierarchy::admit(id, prefix)`) and imports only `suffix` (empty, or
+  /// one import per source whose `first_row` is the prefix's rows there). The prefix and the suffix
+  /// are its imported history: their complete pages already mapped by requests sharing them are
+  /// mapped for it at no cost (one pool page serves them all, counted once in M_opt), then unmapped
+  /// pages newest first while spare pages remain. Throws, state unchanged: duplicate_admission,
+  /// unknown_prefix, size_mismatch, suffix_misaligned, capacity_exceeded. Waits as `admit`.
+  residency_admission admit(request_id id, prefix_id prefix, std::span<const history_import> suffix = {}) {
+    return admit_on(id, prefix, suffix);
+  }
+  /// As above, with the suffix imports given as a braced list.
+  residency_admission admit(request_id id, prefix_id prefix, std::initializer_list<history_import> suffix) {
+    return admit_on(id, prefix, std::span<const history_import>(suffix.begin(), suffix.size()));
+  }
+
+  /// Retains a request's history as a prefix; `host_hierarchy::retain_prefix` (the ledger is not
+  /// affected: a retained prefix holds host pages only, and no optional page).
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    (void)books_of(id);  // unknown_request first, as every manager call
+    return h_.retain_prefix(prefix, id, rows);
+  }
+  /// Retains a request's whole stored history; `host_hierarchy::retain_prefix`.
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    (void)books_of(id);  // unknown_request first, as every manager call
+    return h_.retain_prefix(prefix, id);
+  }
+  /// Drops a retained prefix; `host_hierarchy::release_prefix`.
+  void release_prefix(prefix_id prefix) { h_.release_prefix(prefix); }
+
   /// As above, with the imports given as a braced list.
   residency_admission admit(request_id id, std::initializer_list<history_import> history) {
     return admit(id, std::span<const history_import>(history.begin(), history.size()));
@@ -361,10 +341,12 @@ class residency_manager {
     const auto it = seq_of_.find(id);
     if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
     auto& b = by_seq_.at(it->second);
+    std::array<std::size_t, sources> free_before{};
+    for (std::size_t s = 0; s < sources; ++s) free_before[s] = h_.free_optional_pages(s);
     h_.complete(id);
     for (std::size_t s = 0; s < sources; ++s) {
       required_[s] -= cfg_.required_pages + b.pinned_left[s];
-      optional_[s] -= b.mapped[s];
+      optional_[s] -= h_.free_optional_pages(s) - free_before[s];  // pages other requests share stay mapped
     }
     by_seq_.erase(it->second);
     seq_of_.erase(it);
@@ -398,6 +380,7 @@ class residency_manager {
     for (std::size_t s = 0; s < sources; ++s) {
       const std::string src = "source " + std::to_string(s) + ": ";
       std::size_t req = 0, opt = 0;
+      std::map<std::int32_t, std::uint32_t> mappers;  // pool page -> requests mapping it
       for (const auto& [seq, b] : by_seq_) {
         const std::string who = src + "request " + std::to_string(b.id) + ": ";
         if (!h_.contains(b.id)) return who + "not admitted in the hierarchy";
@@ -422,8 +405,20 @@ class residency_manager {
                  std::to_string(b.mapped[s]) + " != " + std::to_string(pinned_pages_per_request());
         if (!traits::pins_history && b.pinned_left[s] != 0) return who + "a pinned reservation without pinning";
         req += cfg_.required_pages + b.pinned_left[s];
-        opt += b.mapped[s];
+        const auto host = h_.host_pages_of(b.id, s);
+        for (std::size_t page = 0; page < map.size(); ++page) {
+          if (map[page] < 0) continue;
+          if (h_.optional_page_of_host(s, host[page]) != map[page])
+            return who + "page " + std::to_string(page) + " maps pool page " + std::to_string(map[page]) +
+                   " but its host page is served by " + std::to_string(h_.optional_page_of_host(s, host[page]));
+          ++mappers[map[page]];
+        }
       }
+      for (const auto& [g, n] : mappers)
+        if (h_.optional_page_refs(s, g) != n)
+          return src + "pool page " + std::to_string(g) + " is mapped by " + std::to_string(n) +
+                 " requests, its count says " + std::to_string(h_.optional_page_refs(s, g));
+      opt = mappers.size();  // M_opt counts each pool page once, however many requests share it
       if (req != required_[s]) return src + "M_req is " + std::to_string(required_[s]) + ", books sum to " + std::to_string(req);
       if (opt != optional_[s]) return src + "M_opt is " + std::to_string(optional_[s]) + ", books sum to " + std::to_string(opt);
       if (!ledger(s).holds())
@@ -445,6 +440,77 @@ class residency_manager {
     std::size_t refill_source = 0;                   // repopulation_walk's source cursor
   };
 
+  /// Both admissions: `prefix` empty for a plain one.
+  residency_admission admit_on(request_id id, std::optional<prefix_id> prefix, std::span<const history_import> history) {
+    if (seq_of_.contains(id) || h_.contains(id))
+      throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
+    if (!history.empty() && history.size() != sources)
+      throw size_mismatch("residency: admission of request " + std::to_string(id) + " imports history for " +
+                          std::to_string(history.size()) + " sources, the layout has " + std::to_string(sources));
+    std::array<std::size_t, sources> base{};  // prefix rows
+    if (prefix)
+      for (std::size_t s = 0; s < sources; ++s) base[s] = static_cast<std::size_t>(h_.prefix_rows(*prefix, s));
+    std::array<std::size_t, sources> rows{};
+    for (std::size_t s = 0; s < history.size(); ++s) {
+      if (history[s].first_row != static_cast<std::int64_t>(base[s]))
+        throw suffix_misaligned("residency: request " + std::to_string(id) + " imports rows from row " +
+                                std::to_string(history[s].first_row) + " on source " + std::to_string(s) + ", " +
+                                (prefix ? "prefix " + std::to_string(*prefix) + " ends at row "
+                                        : std::string("a plain admission starts at row ")) +
+                                std::to_string(base[s]));
+      check_chunk(id, s, base[s], history[s].rows.size(), history[s].count);
+      rows[s] = history[s].count;
+    }
+    residency_admission result;
+    if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
+    for (std::size_t s = 0; s < sources; ++s)  // new pages: the boundary copy of a partial prefix page and the rest
+      if ((base[s] + rows[s] + page_rows - 1) / page_rows - base[s] / page_rows > h_.free_host_pages(s))
+        return wait(result, admit_status::wait_for_host_pages);
+
+    // Deficit and the whole requests that cover it, before anything changes.
+    const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
+    std::array<std::size_t, sources> used{};
+    for (std::size_t s = 0; s < sources; ++s) used[s] = required_[s] + optional_[s] + cfg_.reserve_pages;
+    const auto deficit = detail::residency_deficit<sources>(used, take, capacity_pages());
+    const auto picked = pick_victims(deficit);
+    if (!picked) return wait(result, admit_status::wait_for_memory);
+    const std::vector<request_books*>& victims = *picked;
+
+    // Commit: reclaim, admit, import each source as one chunk.
+    for (request_books* v : victims) {
+      std::size_t pages = 0;
+      for (std::size_t s = 0; s < sources; ++s) pages += unmap_all(*v, s);
+      ++counters_.requests_reclaimed;
+      result.reclaimed_pages += pages;
+    }
+    result.reclaimed_requests = victims.size();
+    const admission a = prefix ? h_.admit(id, *prefix) : h_.admit(id);  // a slot and host pages are free: checked above
+    result.slot = a.slot;
+    const std::uint64_t seq = next_seq_++;
+    auto& b = by_seq_[seq];
+    b.id = id;
+    seq_of_.emplace(id, seq);
+    for (std::size_t s = 0; s < sources; ++s) {
+      b.pinned_left[s] = pinned_pages_per_request();
+      required_[s] += cfg_.required_pages + b.pinned_left[s];
+    }
+    if (prefix) {
+      for (std::size_t s = 0; s < sources; ++s) {
+        b.imported[s] = static_cast<std::int64_t>(base[s]);
+        if (!history.empty() && history[s].count > 0) {
+          h_.append(id, s, history[s].rows, history[s].count);  // validated above
+          b.imported[s] += static_cast<std::int64_t>(history[s].count);
+        }
+        result.mapped_pages += map_imported(b, s);
+      }
+    } else {
+      for (std::size_t s = 0; s < history.size(); ++s)
+        result.mapped_pages += import_chunk(b, s, history[s].rows, history[s].count);  // validated above
+    }
+    result.status = admit_status::admitted;
+    ++counters_.admissions;
+    return result;
+  }
   static void check_source(std::size_t source) {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
@@ -518,16 +584,71 @@ class residency_manager {
       if (map[page] < 0) return static_cast<std::int64_t>(page);
     return -1;
   }
-  /// Maps one complete page if the ledger allows it (spare pages, or the pinned reservation).
+  /// True when page `page` of a request/source can be mapped without a pool page: another request
+  /// sharing its host page has it mapped (shared prefixes).
+  [[nodiscard]] bool maps_for_free(const request_books& b, std::size_t s, std::size_t page) const {
+    const page_id host = h_.host_pages_of(b.id, s)[page];
+    return host != no_page && h_.optional_page_of_host(s, host) >= 0;
+  }
+  /// Maps the imported pages of a request admitted on a prefix: first every page another request
+  /// already maps (no pool page taken), then the others newest first while the ledger allows.
+  std::size_t map_imported(request_books& b, std::size_t s) {
+    if constexpr (!traits::keeps_optional_history) return 0;
+    const std::size_t eligible = static_cast<std::size_t>(b.imported[s]) / page_rows;
+    const auto map = h_.optional_map_of(b.id, s);
+    std::size_t mapped = 0;
+    for (std::size_t page = 0; page < eligible; ++page)
+      if (map[page] < 0 && maps_for_free(b, s, page) && map_one(b, s, page)) ++mapped;
+    for (std::size_t page = eligible; page-- > 0;) {
+      if (map[page] >= 0) continue;
+      if (!map_one(b, s, page)) break;
+      ++mapped;
+    }
+    return mapped;
+  }
+  /// Whole requests to reclaim, in the policy's order, whose unmapping frees pool pages covering
+  /// every source's deficit: a request holding optional pages is one of the q; a pool page it
+  /// shares is freed only once every request mapping it is among them. nullopt when all cannot.
+  std::optional<std::vector<request_books*>> pick_victims(const std::array<std::size_t, sources>& deficit) {
+    std::array<std::size_t, sources> freed{};
+    auto covers = [&] {
+      for (std::size_t s = 0; s < sources; ++s)
+        if (freed[s] < deficit[s]) return false;
+      return true;
+    };
+    std::vector<request_books*> victims;
+    if (covers()) return victims;
+    if constexpr (traits::pins_history) return std::nullopt;  // pinned pages are never reclaimed
+    std::array<std::unordered_map<std::int32_t, std::uint32_t>, sources> dropped;
+    auto visit = [&](request_books& b) {
+      if (covers()) return;
+      std::size_t total = 0;
+      for (std::size_t s = 0; s < sources; ++s) total += b.mapped[s];
+      if (total == 0) return;  // holds nothing: not one of the q
+      victims.push_back(&b);
+      for (std::size_t s = 0; s < sources; ++s)
+        for (const std::int32_t g : h_.optional_map_of(b.id, s))
+          if (g >= 0 && ++dropped[s][g] == h_.optional_page_refs(s, g)) ++freed[s];
+    };
+    if constexpr (traits::order == reclaim_order::most_recent_first)
+      for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
+    else
+      for (auto& [seq, b] : by_seq_) visit(b);
+    if (!covers()) return std::nullopt;
+    return victims;
+  }
+  /// Maps one complete page if the ledger allows it (spare pages, or the pinned reservation; a page
+  /// another request already maps takes no pool page, so it needs no spare one).
   bool map_one(request_books& b, std::size_t s, std::size_t page) {
     if constexpr (traits::pins_history) {
       if (b.pinned_left[s] == 0) return false;
     } else {
-      if (ledger(s).spare() == 0) return false;
+      if (ledger(s).spare() == 0 && !maps_for_free(b, s, page)) return false;
     }
+    const std::size_t free_before = h_.free_optional_pages(s);
     if (!h_.map_optional_page(b.id, s, page)) return false;  // cannot happen while the books agree
     ++b.mapped[s];
-    ++optional_[s];
+    optional_[s] += free_before - h_.free_optional_pages(s);  // 0 when shared
     if constexpr (traits::pins_history) {
       --b.pinned_left[s];
       --required_[s];
@@ -541,11 +662,13 @@ class residency_manager {
     std::vector<std::size_t> pages;
     for (std::size_t page = 0; page < map.size(); ++page)
       if (map[page] >= 0) pages.push_back(page);
+    const std::size_t free_before = h_.free_optional_pages(s);
     for (std::size_t page : pages) h_.unmap_optional_page(b.id, s, page);
-    optional_[s] -= pages.size();
+    const std::size_t freed = h_.free_optional_pages(s) - free_before;  // shared pages stay for the others
+    optional_[s] -= freed;
     b.mapped[s] = 0;
-    counters_.pages_reclaimed += pages.size();
-    return pages.size();
+    counters_.pages_reclaimed += freed;
+    return freed;
   }
 
   Hierarchy h_;
