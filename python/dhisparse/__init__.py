@@ -107,7 +107,8 @@ class ManagedHierarchy:
     ALLOWED = frozenset({
         # per-step operations
         "resolve", "resolve_view", "resolve_view_ptr", "_time_resolve_view", "copy_follower",
-        "stage_block", "verify", "commit", "commit_view", "commit_step", "commit_step_view", "join_backup",
+        "stage_block", "stage_blocks", "stage_step", "stage_blocks_view", "stage_step_view", "verify", "verify_view",
+        "commit", "commit_view", "commit_step", "commit_step_view", "join_backup",
         "release_staging", "check_errors", "pool",
         # read-only accessors
         "layout", "hot_rows", "top_k", "backend", "requirements", "config", "space", "contains",
@@ -115,6 +116,7 @@ class ManagedHierarchy:
         "last_verify_stats", "block_rows", "staged_rows", "verified_queries", "staging_holder",
         "free_optional_pages", "free_host_pages", "pool_bytes", "pool_rows", "payload", "host_row",
         "hot_rows_of", "lru_order_of", "optional_map_of", "device", "stream", "programmatic_launch",
+        "contains_prefix", "prefix_rows", "retained_prefixes", "prefix_pages_held",
         "synchronize", "backup_pending", "step_layers", "step_layer_index",
     })
 
@@ -168,6 +170,24 @@ def layer_pointers(buffers, device=None):
                         device=device if device is not None else buffers[0].device)
 
 
+def verify_pointers(selections, locations):
+    """The int64 device arrays of per-query pointers that ``verify_view`` takes, for int32 CUDA
+    tensors ``selections`` and ``locations`` of shape [capacity, max_block, k] (query j of entry e
+    reads ``selections[e, j]`` and writes ``locations[e, j]``). Build them once, outside a graph,
+    and keep the tensors alive while a graph that uses them may replay."""
+    import torch
+
+    for name, t in (("selections", selections), ("locations", locations)):
+        if not (isinstance(t, torch.Tensor) and t.is_cuda and t.is_contiguous() and t.dtype == torch.int32
+                and t.dim() == 3):
+            raise TypeError(f"verify_pointers: {name} must be a contiguous int32 CUDA tensor [capacity, max_block, k]")
+    if selections.shape != locations.shape:
+        raise ValueError("verify_pointers: selections and locations must have the same shape")
+    cap, kmax, k = selections.shape
+    step = torch.arange(cap * kmax, dtype=torch.int64, device=selections.device) * (k * 4)
+    return selections.data_ptr() + step, locations.data_ptr() + step
+
+
 def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None,
                      residency: Union[ResidencyConfig, Mapping[str, Any], None] = None, *,
                      policy: str = "adaptive-mra", backend: str = "host", stream: Optional[int] = None):
@@ -185,7 +205,7 @@ def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, An
 
 
 __all__ = [
-    "Hierarchy", "ResidencyManager", "ManagedHierarchy", "layer_pointers", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
+    "Hierarchy", "ResidencyManager", "ManagedHierarchy", "layer_pointers", "verify_pointers", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
     "Admission", "ResidencyAdmission", "ResidencyLedger", "ResidencyCounters", "ResolveStats",
     "VerifyStats", "PlannedCopy", "DhisparseError", "ERRORS", "LAYOUTS", "POLICIES", "CUDA_BUILT",
     *ERRORS,

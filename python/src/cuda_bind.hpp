@@ -68,12 +68,12 @@ struct write_arrays {
   std::uint32_t capacity = 0;
   write_arrays(const char* call, nb::handle slots_obj, nb::handle rows_obj, nb::handle layers_obj,
                std::optional<nb::handle> first_obj, std::size_t layer_count, std::size_t per_entry,
-               std::uint32_t pitch = 0)
+               std::uint32_t pitch = 0, const char* counts_name = "rows")
       : slots(import_array<in_array>(slots_obj, "slots")),
-        rows(import_array<in_array>(rows_obj, "rows")),
+        rows(import_array<in_array>(rows_obj, counts_name)),
         layers(import_array<in_array>(layers_obj, "layer_rows")) {
     check_array<std::int32_t>(slots, "slots", where::cuda);
-    check_array<std::int32_t>(rows, "rows", where::cuda);
+    check_array<std::int32_t>(rows, counts_name, where::cuda);
     check_array<std::int64_t>(layers, "layer_rows", where::cuda);
     capacity = static_cast<std::uint32_t>(elements(slots));
     const std::size_t counts = pitch == 0 ? capacity : per_entry * pitch;
@@ -81,8 +81,8 @@ struct write_arrays {
       throw size_mismatch(std::string(call) + ": rows_pitch " + std::to_string(pitch) + " is below the capacity " +
                           std::to_string(capacity));
     if (elements(rows) != counts)
-      throw size_mismatch(std::string(call) + ": rows must hold " + std::to_string(counts) + " counts, got " +
-                          shape_of(rows));
+      throw size_mismatch(std::string(call) + ": " + counts_name + " must hold " + std::to_string(counts) +
+                          " counts, got " + shape_of(rows));
     if (elements(layers) != layer_count)
       throw size_mismatch(std::string(call) + ": layer_rows must hold " + std::to_string(layer_count) +
                           " device row-buffer pointers, got " + shape_of(layers));
@@ -139,8 +139,24 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def("slot_of", &Ops::slot_of)
       .def_prop_ro("admitted_count", &Ops::admitted_count)
       .def(
-          "admit", [](Ops& h, request_id id, opt_stream s) { return h.admit(id, default_stream(s)); },
-          nb::arg("request"), nb::arg("stream") = nb::none())
+          "admit",
+          [](Ops& h, request_id id, std::optional<prefix_id> prefix, opt_stream s) {
+            return prefix ? h.admit_on_prefix(id, *prefix, default_stream(s)) : h.admit(id, default_stream(s));
+          },
+          nb::arg("request"), nb::arg("prefix") = nb::none(), nb::arg("stream") = nb::none(),
+          "Admits a request with an empty history, or on retained prefix `prefix` (one kernel per source "
+          "on `stream`, after the prefix's rows were written in its order; docs/prefixes.md).")
+      .def(
+          "retain_prefix",
+          [](Ops& h, prefix_id prefix, request_id id, std::optional<std::vector<std::int64_t>> rows) {
+            return h.retain_prefix(prefix, id, rows ? &*rows : nullptr);
+          },
+          nb::arg("prefix"), nb::arg("request"), nb::arg("rows") = nb::none())
+      .def("release_prefix", &Ops::release_prefix, nb::arg("prefix"))
+      .def("contains_prefix", &Ops::contains_prefix, nb::arg("prefix"))
+      .def("prefix_rows", &Ops::prefix_rows, nb::arg("prefix"), nb::arg("source"))
+      .def("retained_prefixes", &Ops::retained_prefixes)
+      .def("prefix_pages_held", &Ops::prefix_pages_held, nb::arg("source"))
       .def(
           "complete", [](Ops& h, request_id id, opt_stream s) { h.complete(id, default_stream(s)); },
           nb::arg("request"), nb::arg("stream") = nb::none())
@@ -218,6 +234,33 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           nb::arg("slots"), nb::arg("accepted"), nb::arg("backup") = nb::none(), nb::arg("stream") = nb::none(),
           "Commits a speculative round on every source in one launch (C++ commit_step): slots and accepted "
           "int32 [capacity]; capturable. Errors: check_errors.")
+      .def(
+          "stage_blocks_view",
+          [](Ops& h, std::size_t source, nb::handle slots_obj, nb::handle counts_obj, nb::handle layers_obj,
+             std::optional<nb::handle> first_obj, std::uint64_t row_stride, std::uint32_t max_block, opt_stream s) {
+            const std::size_t layers = source < std::size(L::sources) ? L::sources[source].payload_layers : 0;
+            const write_arrays w("stage_blocks_view", slots_obj, counts_obj, layers_obj, first_obj, layers, 1, 0, "counts");
+            h.stage_blocks_view(source, w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride,
+                                max_block, w.capacity, default_stream(s));
+          },
+          nb::arg("source"), nb::arg("slots"), nb::arg("counts"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
+          nb::arg("row_stride") = 0, nb::arg("max_block") = 0, nb::arg("stream") = nb::none(),
+          "A speculative round's draft blocks on one source, read on the device (C++ stage_blocks over a "
+          "stage_view): slots and counts (K_r positions) int32 [capacity], layer_rows int64 [payload "
+          "layers]; capturable. Errors: check_errors.")
+      .def(
+          "stage_step_view",
+          [](Ops& h, nb::handle slots_obj, nb::handle counts_obj, nb::handle layers_obj,
+             std::optional<nb::handle> first_obj, std::uint64_t row_stride, std::uint32_t max_block, opt_stream s) {
+            const write_arrays w("stage_step_view", slots_obj, counts_obj, layers_obj, first_obj, Ops::step_layers(), 1, 0,
+                                 "counts");
+            h.stage_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, max_block,
+                              w.capacity, default_stream(s));
+          },
+          nb::arg("slots"), nb::arg("counts"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
+          nb::arg("row_stride") = 0, nb::arg("max_block") = 0, nb::arg("stream") = nb::none(),
+          "Draft blocks on every source in one launch (C++ stage_step over a stage_step_view): layer_rows "
+          "int64 [step_layers] as append_step_view; capturable. Errors: check_errors.")
       .def(
           "join_backup", [](Ops& h, opt_stream s) { h.join_backup(default_stream(s)); }, nb::arg("stream") = nb::none(),
           "Makes `stream` wait for the host backup of the last step-wide write (capturable).")
@@ -349,6 +392,40 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("queries"), nb::arg("locations"),
           nb::arg("query_counts") = nb::none(), nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none())
+      .def(
+          "verify_view",
+          [](Ops& h, std::size_t source, nb::handle count_obj, nb::handle slots_obj, nb::handle queries_obj,
+             nb::handle lengths_obj, nb::handle sel_obj, nb::handle loc_obj, copy_layers mode, opt_stream s) {
+            const in_array count = import_array<in_array>(count_obj, "count");
+            const in_array slots = import_array<in_array>(slots_obj, "slots");
+            const in_array queries = import_array<in_array>(queries_obj, "query_counts");
+            const in_array lengths = import_array<in_array>(lengths_obj, "lengths");
+            const in_array sel = import_array<in_array>(sel_obj, "selection_ptrs");
+            const in_array loc = import_array<in_array>(loc_obj, "location_ptrs");
+            check_count_array(count);
+            check_array<std::int32_t>(slots, "slots", where::cuda);
+            check_array<std::int32_t>(queries, "query_counts", where::cuda);
+            check_array<std::int32_t>(lengths, "lengths", where::cuda);
+            check_array<std::int64_t>(sel, "selection_ptrs", where::cuda);
+            check_array<std::int64_t>(loc, "location_ptrs", where::cuda);
+            const std::size_t cap = elements(slots), per = cap * h.config().max_block;
+            if (elements(queries) != cap) throw size_mismatch("verify_view: query_counts must hold one K_r per slot");
+            if (elements(lengths) != per || elements(sel) != per || elements(loc) != per)
+              throw size_mismatch("verify_view: lengths, selection_ptrs and location_ptrs must hold capacity * "
+                                  "max_block = " + std::to_string(per) + " entries");
+            h.verify_view(source, static_cast<const std::uint32_t*>(count.data()),
+                          static_cast<const std::int32_t*>(slots.data()), static_cast<const std::int32_t*>(queries.data()),
+                          static_cast<const std::int32_t*>(lengths.data()), static_cast<const void* const*>(sel.data()),
+                          static_cast<const void* const*>(loc.data()), static_cast<std::uint32_t>(cap),
+                          default_stream(s), mode);
+          },
+          nb::arg("source"), nb::arg("count"), nb::arg("slots"), nb::arg("query_counts"), nb::arg("lengths"),
+          nb::arg("selection_ptrs"), nb::arg("location_ptrs"), nb::arg("mode") = copy_layers::all,
+          nb::arg("stream") = nb::none(),
+          "Verify over device buffers (C++ verify(source, verify_batch_view, stream)): count [1], slots and "
+          "query_counts (K_r) int32 [capacity], lengths int32 and selection_ptrs/location_ptrs int64 "
+          "[capacity * max_block] (query j of entry e at e * max_block + j; dhisparse.verify_pointers "
+          "builds them from [capacity, max_block, k] tensors). Capturable. Errors: check_errors.")
       .def("last_verify_stats", &Ops::last_verify_stats, nb::arg("source"))
       .def(
           "commit",

@@ -55,6 +55,13 @@ class cuda_hierarchy_ops {
   bool programmatic_launch() const;
 
   admission admit(request_id id, stream_handle s);
+  admission admit_on_prefix(request_id id, prefix_id prefix, stream_handle s);
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, const std::vector<std::int64_t>* rows);
+  void release_prefix(prefix_id prefix);
+  bool contains_prefix(prefix_id prefix) const;
+  std::int64_t prefix_rows(prefix_id prefix, std::size_t source) const;
+  std::vector<prefix_id> retained_prefixes() const;
+  std::size_t prefix_pages_held(std::size_t source) const;
   void complete(request_id id, stream_handle s);
   std::int64_t frontier(request_id id, std::size_t source) const;
   std::int64_t positions(request_id id, std::size_t source) const;
@@ -78,6 +85,13 @@ class cuda_hierarchy_ops {
   /// A speculative round's accepted counts on every source (cuda::commit_step_view): capturable.
   void commit_step_view(const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
                         stream_handle backup, stream_handle s);
+  /// Draft blocks of a batch on one source (cuda::stage_view) / on every source (stage_step_view): capturable.
+  void stage_blocks_view(std::size_t source, const std::int32_t* slots, const std::int32_t* counts,
+                         const std::int32_t* first, const void* const* layer_rows, std::uint64_t row_stride,
+                         std::uint32_t max_block, std::uint32_t capacity, stream_handle s);
+  void stage_step_view(const std::int32_t* slots, const std::int32_t* counts, const std::int32_t* first,
+                       const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t max_block,
+                       std::uint32_t capacity, stream_handle s);
   void join_backup(stream_handle s);
   bool backup_pending() const;
   static std::size_t step_layers();
@@ -110,6 +124,10 @@ class cuda_hierarchy_ops {
   /// Eager verify: request i has widths[i] queries; query j reads q + (i*kmax + j)*k.
   void verify(std::size_t source, const request_id* ids, std::size_t c, const std::size_t* widths, std::size_t kmax,
               const std::int32_t* q, std::int32_t* loc, std::size_t k, stream_handle s, copy_layers mode);
+  /// Verify over a device batch descriptor (cuda::verify_batch_view): capturable.
+  void verify_view(std::size_t source, const std::uint32_t* count, const std::int32_t* slots,
+                   const std::int32_t* queries, const std::int32_t* lengths, const void* const* selection_ptrs,
+                   const void* const* location_ptrs, std::uint32_t capacity, stream_handle s, copy_layers mode);
   std::vector<verify_stats> last_verify_stats(std::size_t source) const;
   void commit(request_id id, std::size_t source, std::size_t accepted, stream_handle s);
   std::size_t block_rows(request_id id, std::size_t source, std::size_t count) const;

@@ -136,14 +136,15 @@ void for_each_request_rows(const char* call, std::size_t source, const request_l
 
 /// The (request, source) items of a step-wide write: `rows[s]` as for_each_request_rows, or None.
 template <KvLayout L>
-std::vector<step_write_item> step_items(const request_list& ids, const std::vector<std::optional<in_array>>& rows) {
+std::vector<step_write_item> step_items(const request_list& ids, const std::vector<std::optional<in_array>>& rows,
+                                        const char* call = "append_step") {
   if (rows.size() != std::size(L::sources))
-    throw size_mismatch("append_step: rows must hold one array (or None) per source (" +
+    throw size_mismatch(std::string(call) + ": rows must hold one array (or None) per source (" +
                         std::to_string(std::size(L::sources)) + "), got " + std::to_string(rows.size()));
   std::vector<step_write_item> items;
   for (std::size_t s = 0; s < rows.size(); ++s)
     if (rows[s])
-      for_each_request_rows<L>("append_step", s, ids, *rows[s], [&](request_id id, auto bytes, std::size_t n) {
+      for_each_request_rows<L>(call, s, ids, *rows[s], [&](request_id id, auto bytes, std::size_t n) {
         items.push_back({id, s, bytes, n});
       });
   return items;
@@ -192,7 +193,25 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
       .def("contains", &H::contains)
       .def("slot_of", &H::slot_of)
       .def_prop_ro("admitted_count", &H::admitted_count)
-      .def("admit", &H::admit, nb::arg("request"))
+      .def(
+          "admit",
+          [](H& h, request_id id, std::optional<prefix_id> prefix) { return prefix ? h.admit(id, *prefix) : h.admit(id); },
+          nb::arg("request"), nb::arg("prefix") = nb::none(),
+          "Admits a request with an empty history, or on retained prefix `prefix` (sharing its pages; "
+          "docs/prefixes.md).")
+      .def(
+          "retain_prefix",
+          [](H& h, prefix_id prefix, request_id id, std::optional<std::vector<std::int64_t>> rows) {
+            return rows ? h.retain_prefix(prefix, id, std::span<const std::int64_t>(*rows)) : h.retain_prefix(prefix, id);
+          },
+          nb::arg("prefix"), nb::arg("request"), nb::arg("rows") = nb::none(),
+          "Retains the first rows[s] rows of a request's history on each source (default: all of it) as "
+          "prefix `prefix`; returns the prefixes evicted to stay within prefix_pages.")
+      .def("release_prefix", &H::release_prefix, nb::arg("prefix"))
+      .def("contains_prefix", &H::contains_prefix, nb::arg("prefix"))
+      .def("prefix_rows", &H::prefix_rows, nb::arg("prefix"), nb::arg("source"))
+      .def("retained_prefixes", &H::retained_prefixes, "Retained prefixes, least recently used first.")
+      .def("prefix_pages_held", &H::prefix_pages_held, nb::arg("source"))
       .def("complete", &H::complete, nb::arg("request"))
       .def("frontier", &H::frontier, nb::arg("request"), nb::arg("source"))
       .def("positions", &H::positions, nb::arg("request"), nb::arg("source"))
@@ -241,6 +260,29 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
           nb::arg("requests"), nb::arg("accepted"),
           "Commits a speculative round on every source (C++ commit_step): accepted is int32 [requests], "
           "the sampler's count for each request; all or nothing.")
+      .def(
+          "stage_blocks",
+          [](H& h, std::size_t source, nb::handle requests, const in_array& rows, std::size_t count) {
+            const request_list ids = as_requests(requests);
+            std::vector<stage_item> items;
+            for_each_request_rows<L>("stage_blocks", source, ids, rows, [&](request_id id, auto bytes, std::size_t) {
+              items.push_back({id, bytes, count});
+            });
+            h.stage_blocks(source, std::span<const stage_item>(items));
+          },
+          nb::arg("source"), nb::arg("requests"), nb::arg("rows"), nb::arg("count"),
+          "A speculative round's draft blocks of a batch on one source (C++ stage_blocks): rows is uint8 "
+          "[requests][payload layers][block rows][row_bytes], `count` = K_r positions each; all or nothing.")
+      .def(
+          "stage_step",
+          [](H& h, nb::handle requests, const std::vector<std::optional<in_array>>& rows, std::size_t count) {
+            std::vector<step_stage_item> items;
+            for (const auto& w : step_items<L>(as_requests(requests), rows, "stage_step"))
+              items.push_back({w.request, w.source, w.rows, count});
+            h.stage_step(std::span<const step_stage_item>(items));
+          },
+          nb::arg("requests"), nb::arg("rows"), nb::arg("count"),
+          "Draft blocks of every source in one call (C++ stage_step): rows[s] as in stage_blocks, or None.")
       .def("join_backup", &H::join_backup, "Nothing to join on the host backend (the CUDA call's twin).")
       .def_prop_ro("backup_pending", &H::backup_pending)
       .def(
@@ -375,21 +417,37 @@ void bind_host_manager(nb::module_& m, const char* name) {
       .def("reclaim_sequence", &M::reclaim_sequence)
       .def(
           "admit",
-          [](M& mgr, request_id id, std::optional<std::vector<in_array>> history) {
+          [](M& mgr, request_id id, std::optional<std::vector<in_array>> history, std::optional<prefix_id> prefix) {
             std::vector<history_import> imports;
             if (history) {
               for (std::size_t s = 0; s < history->size(); ++s) {
                 const auto& a = (*history)[s];
                 check_array<std::uint8_t>(a, "history", where::cpu);
                 const std::span<const std::byte> bytes(static_cast<const std::byte*>(a.data()), elements(a));
-                imports.push_back({bytes, s < H::sources ? rows_count(bytes.size(), std::nullopt, L::sources[s]) : 0});
+                // On a prefix the suffix starts where the prefix ends (the library checks it).
+                const std::int64_t first =
+                    prefix && s < H::sources && mgr.hierarchy().contains_prefix(*prefix)
+                        ? mgr.hierarchy().prefix_rows(*prefix, s)
+                        : 0;
+                imports.push_back(
+                    {bytes, s < H::sources ? rows_count(bytes.size(), std::nullopt, L::sources[s]) : 0, first});
               }
             }
-            return mgr.admit(id, std::span<const history_import>(imports));
+            const std::span<const history_import> span(imports);
+            return prefix ? mgr.admit(id, *prefix, span) : mgr.admit(id, span);
           },
-          nb::arg("request"), nb::arg("history") = nb::none(),
+          nb::arg("request"), nb::arg("history") = nb::none(), nb::arg("prefix") = nb::none(),
           "Resident-first admission; `history` is one uint8 array per source laid out "
-          "[payload layer][rows][row_bytes] (its row count follows from its size), or None.")
+          "[payload layer][rows][row_bytes] (its row count follows from its size), or None. With "
+          "`prefix`, the request shares retained prefix `prefix` and `history` is only the suffix.")
+      .def(
+          "retain_prefix",
+          [](M& mgr, prefix_id prefix, request_id id, std::optional<std::vector<std::int64_t>> rows) {
+            return rows ? mgr.retain_prefix(prefix, id, std::span<const std::int64_t>(*rows))
+                        : mgr.retain_prefix(prefix, id);
+          },
+          nb::arg("prefix"), nb::arg("request"), nb::arg("rows") = nb::none())
+      .def("release_prefix", &M::release_prefix, nb::arg("prefix"))
       .def(
           "append",
           [](M& mgr, request_id id, std::size_t source, const in_array& rows, std::optional<std::size_t> count) {

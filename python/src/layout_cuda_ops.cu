@@ -80,6 +80,22 @@ DHISPARSE_PY_OPS admitted_count() const -> std::size_t { return p_->h->admitted_
 DHISPARSE_PY_OPS set_programmatic_launch(bool on) -> void { p_->h->set_programmatic_launch(on); }
 DHISPARSE_PY_OPS programmatic_launch() const -> bool { return p_->h->programmatic_launch(); }
 DHISPARSE_PY_OPS admit(request_id id, stream_handle s) -> admission { return p_->h->admit(id, as_stream(s)); }
+DHISPARSE_PY_OPS admit_on_prefix(request_id id, prefix_id prefix, stream_handle s) -> admission {
+  return p_->h->admit(id, prefix, as_stream(s));
+}
+DHISPARSE_PY_OPS retain_prefix(prefix_id prefix, request_id id, const std::vector<std::int64_t>* rows)
+    -> std::vector<prefix_id> {
+  return rows ? p_->h->retain_prefix(prefix, id, std::span<const std::int64_t>(*rows)) : p_->h->retain_prefix(prefix, id);
+}
+DHISPARSE_PY_OPS release_prefix(prefix_id prefix) -> void { p_->h->release_prefix(prefix); }
+DHISPARSE_PY_OPS contains_prefix(prefix_id prefix) const -> bool { return p_->h->contains_prefix(prefix); }
+DHISPARSE_PY_OPS prefix_rows(prefix_id prefix, std::size_t source) const -> std::int64_t {
+  return p_->h->prefix_rows(prefix, source);
+}
+DHISPARSE_PY_OPS retained_prefixes() const -> std::vector<prefix_id> { return p_->h->retained_prefixes(); }
+DHISPARSE_PY_OPS prefix_pages_held(std::size_t source) const -> std::size_t {
+  return p_->h->prefix_pages_held(source);
+}
 DHISPARSE_PY_OPS complete(request_id id, stream_handle s) -> void { p_->h->complete(id, as_stream(s)); }
 DHISPARSE_PY_OPS frontier(request_id id, std::size_t source) const -> std::int64_t { return p_->h->frontier(id, source); }
 DHISPARSE_PY_OPS positions(request_id id, std::size_t source) const -> std::int64_t {
@@ -140,6 +156,37 @@ DHISPARSE_PY_OPS append_step_view(const std::int32_t* slots, const std::int32_t*
 DHISPARSE_PY_OPS commit_step_view(const std::int32_t* slots, const std::int32_t* accepted, std::uint32_t capacity,
                                   stream_handle backup, stream_handle s) -> void {
   p_->h->commit_step(cuda::commit_step_view{slots, accepted, capacity}, as_stream(backup), as_stream(s));
+}
+DHISPARSE_PY_OPS verify_view(std::size_t source, const std::uint32_t* count, const std::int32_t* slots,
+                             const std::int32_t* queries, const std::int32_t* lengths,
+                             const void* const* selection_ptrs, const void* const* location_ptrs,
+                             std::uint32_t capacity, stream_handle s, copy_layers mode) -> void {
+  cuda::verify_batch_view v;
+  v.count = count;
+  v.slots = slots;
+  v.queries = queries;
+  v.lengths = lengths;
+  v.selection_ptrs = reinterpret_cast<const row_index* const*>(selection_ptrs);
+  // The pointer array is read-only; the locations it points to are written.
+  v.location_ptrs = static_cast<location* const*>(static_cast<const void*>(location_ptrs));
+  v.max_block = static_cast<std::uint32_t>(p_->h->config().max_block);
+  v.capacity = capacity;
+  p_->h->verify(source, v, as_stream(s), mode);
+}
+DHISPARSE_PY_OPS stage_blocks_view(std::size_t source, const std::int32_t* slots, const std::int32_t* counts,
+                                   const std::int32_t* first, const void* const* layer_rows, std::uint64_t row_stride,
+                                   std::uint32_t max_block, std::uint32_t capacity, stream_handle s) -> void {
+  p_->h->stage_blocks(source,
+                      cuda::stage_view{slots, counts, first, reinterpret_cast<const std::byte* const*>(layer_rows),
+                                       row_stride, max_block, capacity},
+                      as_stream(s));
+}
+DHISPARSE_PY_OPS stage_step_view(const std::int32_t* slots, const std::int32_t* counts, const std::int32_t* first,
+                                 const void* const* layer_rows, std::uint64_t row_stride, std::uint32_t max_block,
+                                 std::uint32_t capacity, stream_handle s) -> void {
+  p_->h->stage_step(cuda::stage_step_view{slots, counts, first, reinterpret_cast<const std::byte* const*>(layer_rows),
+                                          row_stride, max_block, capacity},
+                    as_stream(s));
 }
 DHISPARSE_PY_OPS join_backup(stream_handle s) -> void { p_->h->join_backup(as_stream(s)); }
 DHISPARSE_PY_OPS backup_pending() const -> bool { return p_->h->backup_pending(); }

@@ -91,22 +91,30 @@ void bind_types(nb::module_& m) {
       .def(
           "__init__",
           [](hierarchy_config* c, std::size_t max_requests, std::size_t max_rows, std::size_t host_pages,
-             std::size_t tail_rows, std::size_t optional_pages, std::size_t max_block) {
-            new (c) hierarchy_config{max_requests, max_rows, host_pages, tail_rows, optional_pages, max_block};
+             std::size_t tail_rows, std::size_t optional_pages, std::size_t max_block, std::size_t prefix_pages) {
+            new (c) hierarchy_config{.max_requests = max_requests,
+                                     .max_rows = max_rows,
+                                     .host_pages = host_pages,
+                                     .tail_rows = tail_rows,
+                                     .optional_pages = optional_pages,
+                                     .max_block = max_block,
+                                     .prefix_pages = prefix_pages};
           },
           nb::kw_only(), nb::arg("max_requests") = 8, nb::arg("max_rows") = 0, nb::arg("host_pages") = 0,
-          nb::arg("tail_rows") = 0, nb::arg("optional_pages") = 0, nb::arg("max_block") = 1)
+          nb::arg("tail_rows") = 0, nb::arg("optional_pages") = 0, nb::arg("max_block") = 1,
+          nb::arg("prefix_pages") = 0)
       .def_rw("max_requests", &hierarchy_config::max_requests)
       .def_rw("max_rows", &hierarchy_config::max_rows)
       .def_rw("host_pages", &hierarchy_config::host_pages)
       .def_rw("tail_rows", &hierarchy_config::tail_rows)
       .def_rw("optional_pages", &hierarchy_config::optional_pages)
       .def_rw("max_block", &hierarchy_config::max_block)
+      .def_rw("prefix_pages", &hierarchy_config::prefix_pages)
       .def("__repr__", [](const hierarchy_config& c) {
         return "HierarchyConfig(max_requests=" + std::to_string(c.max_requests) +
                ", max_rows=" + std::to_string(c.max_rows) + ", host_pages=" + std::to_string(c.host_pages) +
                ", tail_rows=" + std::to_string(c.tail_rows) + ", optional_pages=" + std::to_string(c.optional_pages) +
-               ", max_block=" + std::to_string(c.max_block) + ")";
+               ", max_block=" + std::to_string(c.max_block) + ", prefix_pages=" + std::to_string(c.prefix_pages) + ")";
       });
 
   nb::class_<residency_config>(m, "ResidencyConfig", "Residency ledger sizes (C++ dhisparse::residency_config).")

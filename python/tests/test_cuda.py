@@ -352,3 +352,100 @@ def test_step_wide_write_with_backup_in_a_cuda_graph():
     for i, r in enumerate(requests):
         for e, row in enumerate((0, 7, STEPS)):
             assert torch.equal(pool[loc[i, e].long()].cpu(), history[(r, 0)][row][1])
+
+
+def test_cuda_requests_share_a_retained_prefix():
+    gen = torch.Generator().manual_seed(12)
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 3, "max_rows": 128, "host_pages": 40}, backend="cuda")
+    h.admit(1)
+    prompt = fp16_rows(gen, 2, 20, 64)
+    h.append(1, 0, prompt.cuda())
+    assert h.retain_prefix(7, 1, rows=[20, 0]) == [] and h.retained_prefixes() == [7]
+    h.admit(2, prefix=7)
+    own = fp16_rows(gen, 2, 5, 64)
+    h.append(2, 0, own.cuda())
+    model = torch.cat([prompt, own], dim=1)
+    sel = torch.tensor([[0, 8, 19, 20, 24]], dtype=torch.int32, device="cuda")
+    loc = torch.zeros_like(sel)
+    h.resolve(0, [2], sel, loc)
+    h.check_errors()
+    for layer in (0, 1):
+        pool = h.pool(0, layer, like="torch")
+        assert torch.equal(pool[loc[0].long()].cpu(), model[layer][sel[0].long().cpu()])
+    h.release_prefix(7)
+    with pytest.raises(dhisparse.UnknownPrefix):
+        h.admit(3, prefix=7)
+
+
+def test_speculative_round_over_device_views_in_a_cuda_graph():
+    """stage_blocks_view, verify_view and commit_view (all capturable) captured as one round and
+    replayed: the same locations and frontiers as the per-request calls on a twin."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(14)
+    C, K, k, ROUNDS = 2, 3, 4, 20
+    cfg = {"max_requests": C, "max_rows": 256, "max_block": K}
+    h = dhisparse.Hierarchy("tiny", cfg, backend="cuda")
+    twin = dhisparse.Hierarchy("tiny", cfg, backend="cuda")
+    requests = [1, 2]
+    for x in (h, twin):
+        for r in requests:
+            x.admit(r)
+    for r in requests:
+        rows = fp16_rows(gen, 1, 16, 32).cuda()
+        h.append(r, 1, rows)
+        twin.append(r, 1, rows)
+    block = torch.zeros((C * K, 32), dtype=torch.uint8, device=dev)  # entry e's block at rows e*K ..
+    layer_rows = dhisparse.layer_pointers([block])
+    slots = torch.tensor([h.slot_of(r) for r in requests], dtype=torch.int32, device=dev)
+    counts = torch.full((C,), K, dtype=torch.int32, device=dev)
+    first = torch.arange(0, C * K, K, dtype=torch.int32, device=dev)
+    sel = torch.full((C, K, k), -1, dtype=torch.int32, device=dev)
+    loc = torch.zeros_like(sel)
+    sel_ptrs, loc_ptrs = dhisparse.verify_pointers(sel, loc)
+    lengths = torch.full((C * K,), k, dtype=torch.int32, device=dev)
+    count = torch.tensor([C], dtype=torch.int32, device=dev)
+    accepted = torch.zeros(C, dtype=torch.int32, device=dev)
+
+    def round_():
+        h.stage_blocks_view(1, slots, counts, layer_rows, first=first, max_block=K)
+        h.verify_view(1, count, slots, counts, lengths, sel_ptrs, loc_ptrs)
+        h.commit_view(1, slots, accepted)
+
+    def prepare(t):
+        new = fp16_rows(gen, 1, C * K, 32)[0]
+        block.copy_(new.to(dev))
+        frontier = 16 + sum(1 + (i % K) for i in range(t))  # the model: accepted = t % K each round
+        q = torch.full((C, K, k), -1, dtype=torch.int32)
+        for j in range(K):
+            q[:, j, 0] = frontier + j
+            q[:, j, 1] = j
+        sel.copy_(q.to(dev))
+        accepted.fill_(t % K)
+        h.reserve_ahead(K)
+        return new, q
+
+    new, q = prepare(0)
+    round_()  # eager first
+    torch.cuda.synchronize()
+    h.check_errors()
+    g = torch.cuda.CUDAGraph()
+    for t in range(ROUNDS):
+        if t > 0:
+            new, q = prepare(t)
+            if t == 1:
+                with torch.cuda.graph(g):
+                    round_()
+            g.replay()
+        torch.cuda.synchronize()
+        h.check_errors()
+        for i, r in enumerate(requests):
+            twin.stage_block(r, 1, new[i * K:(i + 1) * K].unsqueeze(0).contiguous().cuda(), K)
+        twin_loc = torch.zeros_like(loc)
+        twin.verify(1, requests, q.cuda(), twin_loc)
+        for r in requests:
+            twin.commit(r, 1, t % K)
+        torch.cuda.synchronize()
+        assert torch.equal(loc, twin_loc), f"round {t}: verify locations differ"
+        h.sync_books()
+        for r in requests:
+            assert h.frontier(r, 1) == twin.frontier(r, 1)

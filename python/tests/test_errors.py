@@ -6,9 +6,10 @@ import pytest
 import dhisparse
 
 # Not reachable through these bindings: device_error needs a failing CUDA call; packed_rows_unsupported
-# is no longer thrown by the library; the draft ring store and shared staging arenas are not bound.
+# is no longer thrown by the library; the draft ring store and shared staging arenas are not bound;
+# suffix_misaligned cannot happen because the binding starts a suffix where its prefix ends.
 UNREACHABLE = {"DeviceError", "PackedRowsUnsupported", "InvalidSlot", "DraftPositionNotLive",
-               "DraftWriteOutOfOrder", "StagingInUse", "StagingNotHeld"}
+               "DraftWriteOutOfOrder", "StagingInUse", "StagingNotHeld", "SuffixMisaligned"}
 
 raised = set()
 
@@ -39,7 +40,7 @@ def resolve(h, sel, requests=(1,), source=0):
 
 def test_class_hierarchy():
     assert issubclass(dhisparse.DhisparseError, RuntimeError)
-    assert len(dhisparse.ERRORS) == 25
+    assert len(dhisparse.ERRORS) == 29
     for name, cls in dhisparse.ERRORS.items():
         assert issubclass(cls, dhisparse.DhisparseError)
         assert cls.__name__ == name and cls.__module__ == "dhisparse"
@@ -110,6 +111,17 @@ def test_residency_errors():
            "has decode rows on source 0")
     assert m.imported_rows(1, 0) == 0
     assert not m.contains(2) and m.audit() == ""
+
+
+def test_prefix_errors():
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64, "prefix_pages": 2})
+    h.admit(1)
+    h.append(1, 0, np.zeros((2, 24, 64), np.uint8))
+    expect(dhisparse.UnknownPrefix, lambda: h.admit(2, prefix=5), "prefix 5")
+    expect(dhisparse.PrefixBudgetExceeded, lambda: h.retain_prefix(5, 1))  # 3 pages, budget 2
+    h.retain_prefix(5, 1, rows=[16, 0])
+    expect(dhisparse.DuplicatePrefix, lambda: h.retain_prefix(5, 1, rows=[8, 0]))
+    assert h.retained_prefixes() == [5] and not h.contains(2)
 
 
 def test_errors_leave_state_unchanged():

@@ -253,3 +253,62 @@ def test_manager_step_wide_writes(policy, rng):
     loc = np.zeros_like(sel)
     m.hierarchy.resolve(0, [1, 2], sel, loc)
     check_rows(m.hierarchy, hist, 0, [1, 2], sel, loc)
+
+
+def test_batched_stages_equal_per_request_stages():
+    """stage_blocks (one source) and stage_step (every source) equal per-request stage_block; the
+    rounds then verify and commit alike."""
+    cfg = {"max_requests": 2, "max_rows": 64, "max_block": 3}
+    h, twin = dhisparse.Hierarchy("tiny", cfg), dhisparse.Hierarchy("tiny", cfg)
+    hist = History(h.layout, seed=13)
+    requests = [1, 2]
+    for x in (h, twin):
+        for r in requests:
+            x.admit(r)
+    for r in requests:
+        for s in range(2):
+            rows = hist.new_rows(s, 10)
+            h.append(r, s, rows)
+            twin.append(r, s, rows)
+            hist.add(r, s, rows)
+    for round_ in range(2):
+        blocks = [np.stack([hist.new_rows(s, 3) for _ in requests]) for s in range(2)]
+        if round_ == 0:
+            with pytest.raises(dhisparse.BlockTooWide):
+                h.stage_blocks(1, requests, blocks[1], 4)
+            with pytest.raises(dhisparse.DuplicateInBatch):
+                h.stage_step([1, 1], blocks, 3)
+            assert h.staged_rows(1, 1) == 0  # nothing staged by the failed calls
+            h.stage_blocks(0, requests, blocks[0], 3)
+            h.stage_blocks(1, requests, blocks[1], 3)
+        else:
+            h.stage_step(requests, blocks, 3)
+        for s in range(2):
+            for i, r in enumerate(requests):
+                twin.stage_block(r, s, blocks[s][i], 3)
+                assert h.staged_rows(r, s) == twin.staged_rows(r, s) == 3
+        q = np.full((2, 3, 2), -1, np.int32)
+        for s in range(2):
+            for i, r in enumerate(requests):
+                f = hist.count(r, s)
+                q[i, :, 0] = [f, f + 1, f + 2]
+                q[i, :, 1] = [0, f - 1, 5]
+            locs = []
+            for x in (h, twin):
+                loc = np.zeros_like(q)
+                x.verify(s, requests, q, loc)
+                locs.append(loc)
+            np.testing.assert_array_equal(locs[0], locs[1])
+            pool = np.asarray(h.pool(s, 0, like="numpy"))
+            for i, r in enumerate(requests):
+                model = np.concatenate([hist.rows[(r, s)], blocks[s][i]], axis=1)
+                for j in range(3):
+                    for e in range(2):
+                        np.testing.assert_array_equal(pool[locs[0][i, j, e]], model[0, q[i, j, e]])
+        h.reserve_ahead(3)
+        h.commit_step(requests, np.array([1, 2], np.int32))
+        for s in range(2):
+            for i, r in enumerate(requests):
+                twin.commit(r, s, 1 + i)
+                hist.add(r, s, blocks[s][i][:, :2 + i])
+                assert h.frontier(r, s) == twin.frontier(r, s) == hist.count(r, s)
