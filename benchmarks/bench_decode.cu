@@ -7,6 +7,8 @@
 //
 //   bench_decode --smoke                    # <= 60 s on an H200: 2 models x 32K x C {4, 16} x 3 policies
 //   bench_decode --json=out.json [flags]    # the full grid (see --help); plot with benchmarks/plot_decode.py
+//   bench_decode --spec [flags]             # also a speculative run beside each plain one (GLM-5.3:
+//                                           # K by load, one verify round a step, Equation 13's verdict)
 //
 // Not a Google Benchmark program: a configuration is a closed loop with its own setup (histories,
 // graphs), timed with CUDA events over its replays; the JSON is written here.
@@ -62,7 +64,7 @@ void usage() {
       "             [--concurrency=1,4,16,32,64,128,208,256] [--policies=resident,fixed-budget,adaptive]\n"
       "             [--budget-gib=90] [--weight-gib=6.6 (0: no stand-in)] [--hidden=7168] [--heads=16]\n"
       "             [--drift=0.3] [--warmup=3] [--timed=20] [--phased=5] [--gen-tokens=1024]\n"
-      "             [--no-stand-in-off] [--no-check]");
+      "             [--no-stand-in-off] [--no-check] [--spec] [--spec-alpha=0.7]");
 }
 
 cli parse(int argc, char** argv) {
@@ -85,6 +87,11 @@ cli parse(int argc, char** argv) {
       c.run.stand_in_off_too = false;
     } else if (a == "--no-check") {
       c.run.check = false;
+    } else if (a == "--spec") {
+      c.run.spec_too = true;
+    } else if (auto v = val("--spec-alpha")) {
+      c.run.spec_alpha = std::stod(*v);
+      if (!(c.run.spec_alpha >= 0.0 && c.run.spec_alpha <= 1.0)) throw std::invalid_argument("--spec-alpha must be in [0, 1]");
     } else if (auto v = val("--json")) {
       c.json = *v;
     } else if (auto v = val("--models")) {
@@ -135,6 +142,8 @@ std::string settings_json(const cli& c, const std::string& device, const dm::sta
     << ", \"stand_in_note\": \"" << dm::json_escape(gemm.note()) << "\"" << ", \"hidden\": " << c.hidden << ", \"heads\": " << c.run.heads
     << ", \"drift\": " << c.run.rho << ", \"warmup\": " << c.run.warmup << ", \"timed\": " << c.run.timed
     << ", \"phased\": " << c.run.phased << ", \"gen_tokens\": " << c.run.gen_tokens
+    << ", \"spec\": " << (c.run.spec_too ? "true" : "false") << ", \"spec_alpha\": " << c.run.spec_alpha
+    << ", \"spec_drafter\": \"dflash2\""
     << ", \"slice_sources\": 1, \"model_sources\": {\"glm-5.3\": 21, \"deepseek-v4.1-flash\": 8}"
     << ", \"hot_rows\": {\"glm-5.3\": " << dm::glm53_hot_rows << ", \"deepseek-v4.1-flash\": "
     << dm::deepseek_v41_flash_hot_rows << "}, \"smoke\": " << (c.smoke ? "true" : "false") << "}";
@@ -154,7 +163,8 @@ int run(int argc, char** argv) {
   DHD_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::uint64_t max_c = 1;
   for (auto x : c.concurrency) max_c = std::max(max_c, x);
-  dm::stand_in_gemm gemm(c.weight_gib, c.hidden, static_cast<unsigned>(max_c), stream);
+  // Speculative steps run the stand-in over K rows a session (K <= 8).
+  dm::stand_in_gemm gemm(c.weight_gib, c.hidden, static_cast<unsigned>(max_c) * (c.run.spec_too ? 8u : 1u), stream);
   std::fprintf(stderr, "bench_decode on %s: stand-in %.2f GiB of weights (hidden %u)%s%s, budget %.1f GiB, drift %.3f\n",
                prop.name, gemm.weight_bytes() / double(1ull << 30), c.hidden, gemm.note().empty() ? "" : "; ",
                gemm.note().c_str(), c.run.budget_gib, c.run.rho);
@@ -188,6 +198,16 @@ int run(int argc, char** argv) {
     for (std::size_t p = 0; p < dm::phase_names.size(); ++p)
       std::printf(" %s %.3f", std::string(dm::phase_names[p]).c_str(), r.phase_ms[p]);
     std::printf(" | checked %.1f MB\n", static_cast<double>(r.bytes_checked) / 1e6);
+  }
+  if (c.run.spec_too) {
+    std::puts("Equation 13 (speculative rows against the plain run of the same configuration, same stand-in setting):");
+    for (const auto& r : rows) {
+      if (r.spec_block <= 1 || r.eq13 < 0) continue;
+      std::printf("  %-20s %-12s %6llu C%-4llu K %u GEMM %-3s tokens/step %.3f  sessions kept %.3f  TPOT ratio %.3f  -> %s\n",
+                  r.model.c_str(), r.policy.c_str(), static_cast<unsigned long long>(r.context),
+                  static_cast<unsigned long long>(r.target_c), r.spec_block, r.stand_in ? "on" : "off", r.tokens_per_step,
+                  r.sessions_kept_share, r.tpot_ratio, r.eq13 == 1 ? "pays" : "does not pay");
+    }
   }
   if (!c.json.empty()) {
     std::ofstream f(c.json);

@@ -2,7 +2,9 @@
 // admissions for every model, context, target C and policy under the KV budget, against the
 // planner's count, with the queue's admission waits in steps; (2) the direct / hot / host census of
 // the drifting-query model on the HOST hierarchy at small scale (k = 64, B = 128, 16-row pages,
-// the GLM-5.3 ratios B = 2k and tail = one page) for a few drift values. Same code as the GPU run
+// the GLM-5.3 ratios B = 2k and tail = one page) for a few drift values; (3) the sessions a
+// speculative run keeps (bench_decode --spec: admitted with the drafter / without, Equation 13's
+// left side) for GLM-5.3 by context and C. Same code as the GPU run
 // (benchmarks/detail/decode_model.hpp, decode_census.hpp).
 //
 //   decode_dry_run [--budget-gib=90] [--gen-tokens=1024]
@@ -53,6 +55,26 @@ int main(int argc, char** argv) {
                     qr.mean_wait_steps, static_cast<unsigned long long>(h.admitted),
                     static_cast<unsigned long long>(h.planner_count), qh.mean_wait_steps);
       }
+
+  // bench_decode --spec admits with the drafter's state charged: the share of sessions it keeps is
+  // Equation 13's left side, known before any step is timed.
+  std::printf("\nspeculative admission, GLM-5.3 (DFlash2 with K by load; kept = admitted with / without the drafter)\n");
+  std::printf("%7s %5s %2s | %-19s | %-19s\n", "context", "C", "K", "resident adm kept", "hierarchy adm kept");
+  const auto glm = dhisparse::shape_of<dhisparse::layouts::glm53>();
+  for (std::uint64_t ctx : {32'000ull, 100'000ull})
+    for (std::uint64_t c : {1ull, 4ull, 16ull, 32ull, 64ull, 128ull, 208ull, 256ull}) {
+      const unsigned k = dm::spec_block_for_load(c);
+      const auto kept = [&](dm::policy p, std::uint64_t& admitted) {
+        const auto plain = dm::admit_closed_loop(p, glm, ctx, c, budget);
+        admitted = dm::admit_closed_loop(p, glm, ctx, c, budget, dm::spec_drafter(k)).admitted;
+        return plain.admitted == 0 ? 0.0 : static_cast<double>(admitted) / static_cast<double>(plain.admitted);
+      };
+      std::uint64_t ar = 0, ah = 0;
+      const double kr = kept(dm::policy::resident, ar), kh = kept(dm::policy::adaptive, ah);
+      std::printf("%7llu %5llu %2u | %5llu %12.3f | %5llu %12.3f\n", static_cast<unsigned long long>(ctx),
+                  static_cast<unsigned long long>(c), k, static_cast<unsigned long long>(ar), kr,
+                  static_cast<unsigned long long>(ah), kh);
+    }
 
   std::printf("\nhost census (k 64, B 128, 16-row pages, 4 sessions of 2,048 rows, 24 steps after 8 warm-up)\n");
   std::printf("%-6s %-12s %8s %8s %8s\n", "drift", "placement", "direct%", "hot%", "host%");

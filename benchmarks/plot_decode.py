@@ -51,13 +51,18 @@ def projected_step_ms(doc, row):
     return (row["p50_ms"] - stand_in) * projection_factor(doc, row["model"]) + stand_in
 
 
+def series_name(row):
+    """The policy, with "+spec" for a speculative row (bench_decode --spec), so the two never share a line."""
+    return row["policy"] + ("+spec" if (row.get("spec_block") or 1) > 1 else "")
+
+
 def tokens_series(doc, model):
-    """{(policy, context, stand_in): [(C, tokens/s), ...] sorted by C} for `model`."""
+    """{(policy, context, stand_in): [(C, tokens/s), ...] sorted by C} for `model` (policy: series_name)."""
     out = {}
     for r in measured(doc):
         if r["model"] != model:
             continue
-        out.setdefault((r["policy"], r["context"], bool(r["stand_in"])), []).append((r["target_c"], r["tokens_per_s"]))
+        out.setdefault((series_name(r), r["context"], bool(r["stand_in"])), []).append((r["target_c"], r["tokens_per_s"]))
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -66,7 +71,7 @@ def breakdown(doc, model, context):
     rows = [r for r in measured(doc) if r["model"] == model and r["context"] == context and r.get("stand_in", True)]
     order = {p: i for i, p in enumerate(POLICIES)}
     rows.sort(key=lambda r: (r["target_c"], order.get(r["policy"], 99)))
-    return [(f"C{r['target_c']}\n{r['policy']}", {p: r["phase_ms"].get(p, 0.0) for p in PHASES}) for r in rows]
+    return [(f"C{r['target_c']}\n{series_name(r)}", {p: r["phase_ms"].get(p, 0.0) for p in PHASES}) for r in rows]
 
 
 def models(doc):

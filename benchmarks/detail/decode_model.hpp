@@ -210,6 +210,36 @@ struct accepted_length_distribution {
 /// admitted with the drafter / without) exceeds its TPOT ratio (time per output token with / without).
 constexpr bool speculation_pays(double sessions_kept_share, double tpot_ratio) { return sessions_kept_share > tpot_ratio; }
 
+/// The drafter a speculative run of block `block` charges: DFlash2 (W = 2048, 12,288 bytes per
+/// draft row) with K_max = the block of the load, so the ring and staging shrink with K as the
+/// schedule does.
+inline dhisparse::drafter_shape spec_drafter(unsigned block) {
+  auto d = dhisparse::drafters::dflash2;
+  d.max_block = block;
+  return d;
+}
+
+/// Equation (13) for one measured configuration: a speculative run beside the plain run of the
+/// same model, context, C, policy and stand-in setting.
+struct spec_verdict {
+  double sessions_kept_share = 0.0;  ///< sessions admitted with the drafter / without
+  double tpot_ratio = 0.0;           ///< (step with / tokens per step) / step without
+  bool pays = false;                 ///< speculation_pays(sessions_kept_share, tpot_ratio)
+};
+
+/// `admitted_*`: sessions the closed loop admitted; `*_step_ms`: step time (p50) of each run;
+/// `tokens_per_step`: mean tokens one session commits per speculative step (1 + accepted). A
+/// session's time per output token is the step time over its tokens per step (1 without).
+inline spec_verdict speculation_verdict(std::uint64_t admitted_spec, std::uint64_t admitted_plain, double spec_step_ms,
+                                        double tokens_per_step, double plain_step_ms) {
+  spec_verdict v;
+  if (admitted_plain == 0 || tokens_per_step <= 0.0 || plain_step_ms <= 0.0) return v;
+  v.sessions_kept_share = static_cast<double>(admitted_spec) / static_cast<double>(admitted_plain);
+  v.tpot_ratio = spec_step_ms / tokens_per_step / plain_step_ms;
+  v.pays = speculation_pays(v.sessions_kept_share, v.tpot_ratio);
+  return v;
+}
+
 // ------------------------------------------------------------------ load
 
 /// How KV is held.
@@ -357,6 +387,11 @@ struct result_row {
   std::uint64_t target_c = 0;
   bool stand_in = true;
   unsigned spec_block = 1;  ///< 1: plain decode
+  double tokens_per_step = 1.0;  ///< mean tokens a session commits per step (1 + accepted; 1 plain)
+  /// Speculative rows: Equation (13) against the plain row of the same configuration (-1: not
+  /// evaluated, 0: does not pay, 1: pays), with its two sides.
+  int eq13 = -1;
+  double sessions_kept_share = 0.0, tpot_ratio = 0.0;
   std::uint64_t admitted = 0, planner_count = 0, live = 0;
   double p50_ms = 0.0, p90_ms = 0.0, tokens_per_s = 0.0;
   double direct_share = 0.0, hot_share = 0.0, host_share = 0.0;
@@ -404,6 +439,10 @@ inline std::string to_json(const std::vector<result_row>& rows, std::string_view
     o += ", \"context\": " + std::to_string(r.context) + ", \"target_c\": " + std::to_string(r.target_c);
     o += std::string(", \"stand_in\": ") + (r.stand_in ? "true" : "false");
     o += ", \"spec_block\": " + std::to_string(r.spec_block);
+    o += ", \"tokens_per_step\": " + json_number(r.tokens_per_step);
+    o += ", \"eq13\": " + std::string(r.eq13 < 0 ? "null" : r.eq13 == 1 ? "true" : "false");
+    o += ", \"sessions_kept_share\": " + json_number(r.sessions_kept_share) +
+         ", \"tpot_ratio\": " + json_number(r.tpot_ratio);
     o += ", \"admitted\": " + std::to_string(r.admitted) + ", \"planner_count\": " + std::to_string(r.planner_count);
     o += ", \"live\": " + std::to_string(r.live);
     o += ", \"p50_ms\": " + json_number(r.p50_ms) + ", \"p90_ms\": " + json_number(r.p90_ms);
@@ -426,19 +465,21 @@ inline std::string to_json(const std::vector<result_row>& rows, std::string_view
 inline std::string to_table(const std::vector<result_row>& rows) {
   std::string o;
   char line[512];
-  std::snprintf(line, sizeof line, "%-20s %-12s %7s %5s %3s %4s %9s %8s %8s %11s %6s %6s %6s %9s %s\n", "model", "policy",
-                "context", "C", "K", "GEMM", "admit/pl", "p50 ms", "p90 ms", "tokens/s", "dir%", "hot%", "host%",
-                "mismatch", "note");
+  std::snprintf(line, sizeof line, "%-20s %-12s %7s %5s %3s %4s %9s %6s %8s %8s %11s %6s %6s %6s %9s %5s %s\n", "model",
+                "policy", "context", "C", "K", "GEMM", "admit/pl", "tok/st", "p50 ms", "p90 ms", "tokens/s", "dir%", "hot%",
+                "host%", "mismatch", "eq13", "note");
   o += line;
   for (const auto& r : rows) {
     char adm[32];
     std::snprintf(adm, sizeof adm, "%llu/%llu", static_cast<unsigned long long>(r.admitted),
                   static_cast<unsigned long long>(r.planner_count));
-    std::snprintf(line, sizeof line, "%-20s %-12s %7llu %5llu %3u %4s %9s %8.3f %8.3f %11.1f %6.2f %6.2f %6.2f %9llu %s\n",
+    std::snprintf(line, sizeof line,
+                  "%-20s %-12s %7llu %5llu %3u %4s %9s %6.3f %8.3f %8.3f %11.1f %6.2f %6.2f %6.2f %9llu %5s %s\n",
                   r.model.c_str(), r.policy.c_str(), static_cast<unsigned long long>(r.context),
-                  static_cast<unsigned long long>(r.target_c), r.spec_block, r.stand_in ? "on" : "off", adm, r.p50_ms,
-                  r.p90_ms, r.tokens_per_s, 100.0 * r.direct_share, 100.0 * r.hot_share, 100.0 * r.host_share,
-                  static_cast<unsigned long long>(r.mismatches), r.note.c_str());
+                  static_cast<unsigned long long>(r.target_c), r.spec_block, r.stand_in ? "on" : "off", adm,
+                  r.tokens_per_step, r.p50_ms, r.p90_ms, r.tokens_per_s, 100.0 * r.direct_share, 100.0 * r.hot_share,
+                  100.0 * r.host_share, static_cast<unsigned long long>(r.mismatches),
+                  r.eq13 < 0 ? "-" : r.eq13 == 1 ? "pays" : "no", r.note.c_str());
     o += line;
   }
   return o;

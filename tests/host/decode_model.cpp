@@ -62,6 +62,35 @@ TEST_CASE("decode model: Equation 13 as the paper applies it") {
   CHECK_FALSE(dm::speculation_pays(140.0 / 208.0, 0.71));  // the paper's C256 case: 0.67 < 0.71
 }
 
+TEST_CASE("decode model: Equation 13 verdict of a measured speculative run") {
+  // 20 sessions without, 12 with the drafter (the paper's 100K crossover); plain step 10 ms.
+  // 3 tokens a step in 20 ms: TPOT 6.67 ms against 10 ms, ratio 2/3 > 12/20 = 0.6: does not pay.
+  const auto a = dm::speculation_verdict(12, 20, 20.0, 3.0, 10.0);
+  CHECK(a.sessions_kept_share == Approx(0.6));
+  CHECK(a.tpot_ratio == Approx(2.0 / 3.0));
+  CHECK_FALSE(a.pays);
+  // Every session kept and 2.5 tokens in 12 ms against 10 ms: ratio 0.48 < 1, pays.
+  const auto b = dm::speculation_verdict(8, 8, 12.0, 2.5, 10.0);
+  CHECK(b.tpot_ratio == Approx(0.48));
+  CHECK(b.pays);
+  // Nothing measured without speculation: no verdict.
+  CHECK_FALSE(dm::speculation_verdict(8, 0, 12.0, 2.5, 10.0).pays);
+  CHECK(dm::speculation_verdict(8, 8, 12.0, 2.5, 0.0).tpot_ratio == 0.0);
+  // The drafter follows the schedule's block; the rest is DFlash2's.
+  const auto d = dm::spec_drafter(4);
+  CHECK(d.max_block == 4);
+  CHECK(d.window == 2048);
+  CHECK(d.draft_row_bytes == 12'288);
+  // A smaller block charges less per session, so never fewer sessions are admitted.
+  const auto glm = dhisparse::shape_of<dhisparse::layouts::glm53>();
+  const std::uint64_t budget = 90ull << 30;
+  const auto k8 = dm::admit_closed_loop(dm::policy::adaptive, glm, 100'000, 256, budget, dm::spec_drafter(8));
+  const auto k4 = dm::admit_closed_loop(dm::policy::adaptive, glm, 100'000, 256, budget, dm::spec_drafter(4));
+  const auto none = dm::admit_closed_loop(dm::policy::adaptive, glm, 100'000, 256, budget);
+  CHECK(k8.admitted <= k4.admitted);
+  CHECK(k4.admitted < none.admitted);
+}
+
 TEST_CASE("decode model: closed-loop admission matches the paper's capacity and the planner") {
   const auto glm = dhisparse::shape_of<dhisparse::layouts::glm53>();
   const std::uint64_t budget = 90 * gib;
@@ -249,11 +278,16 @@ TEST_CASE("decode model: results table and JSON") {
   // Every key benchmarks/plot_decode.py reads (tests/scripts/plot_decode_test.py uses the same).
   for (const char* key : {"\"model\"", "\"policy\"", "\"context\"", "\"target_c\"", "\"stand_in\"", "\"admitted\"",
                           "\"planner_count\"", "\"live\"", "\"p50_ms\"", "\"tokens_per_s\"", "\"host_share\"",
-                          "\"phase_ms\"", "\"mismatches\"", "\"note\"", "\"follower_copies\"", "\"top_k\""})
+                          "\"phase_ms\"", "\"mismatches\"", "\"note\"", "\"follower_copies\"", "\"top_k\"",
+                          "\"spec_block\"", "\"tokens_per_step\"", "\"eq13\": null", "\"tpot_ratio\""})
     CHECK(j.find(key) != std::string::npos);
   const std::string t = dm::to_table({r});
   CHECK(t.find("adaptive") != std::string::npos);
   CHECK(std::count(t.begin(), t.end(), '\n') == 2);
+  r.spec_block = 8;
+  r.eq13 = 1;
+  CHECK(dm::to_table({r}).find(" pays ") != std::string::npos);
+  CHECK(dm::to_json({r}, "").find("\"eq13\": true") != std::string::npos);
   CHECK(dm::to_json({}, "").find("\"results\": []") != std::string::npos);
   CHECK(dm::policy_by_name("fixed-budget") == dm::policy::fixed_budget);
   CHECK_FALSE(dm::policy_by_name("nope"));

@@ -54,6 +54,16 @@ class PlotDecodeTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
+    def test_speculative_rows_are_their_own_series(self):
+        spec = row("glm-5.3", "adaptive", 32000, 4, 3.0)
+        spec["spec_block"] = 8
+        doc = dict(self.doc, results=self.doc["results"] + [spec])
+        series = plot_decode.tokens_series(doc, "glm-5.3")
+        self.assertEqual(series[("adaptive", 32000, True)], [(4, 2000.0), (64, 16000.0)])
+        self.assertEqual(series[("adaptive+spec", 32000, True)], [(4, 4 * 1000.0 / 3.0)])
+        labels = [label for label, _ in plot_decode.breakdown(doc, "glm-5.3", 32000)]
+        self.assertIn("C4\nadaptive+spec", labels)
+
     def test_schema_checked(self):
         bad = os.path.join(self.tmp.name, "bad.json")
         with open(bad, "w") as f:
