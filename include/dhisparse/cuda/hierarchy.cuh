@@ -939,24 +939,30 @@ class hierarchy {
   // the pool only once no reader can still use it. map/unmap_optional_page above do all of it in
   // one stream instead.
 
-  /// Reserves a free optional pool page for complete history page `page` of a request without
-  /// copying or publishing anything (the page stays invisible to the resolver); -1 when no pool page
-  /// is free. Throws position_beyond_frontier for an incomplete page, and invalid_configuration
-  /// when the page already holds one.
-  std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page) {
+  /// Reserves an optional pool page for complete history page `page` of a request without copying
+  /// or publishing anything (the page stays invisible to the resolver); -1 when no pool page is
+  /// free. When another request already maps the page's host page (shared prefixes), the request
+  /// joins that pool page instead: nothing is taken from the pool, `*shared` (when given) is set,
+  /// and the caller publishes the entry without a copy, ordered after the first mapping's fill.
+  /// Throws position_beyond_frontier for an incomplete page, position_out_of_range for a page
+  /// outside the request, and invalid_configuration when the page already holds one (state unchanged).
+  std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page, bool* shared = nullptr) {
     check_source(source);
     absorb(stream_);
     const std::size_t slot = registry_.slot(id);
-    const auto taken = src_[source].books.take_optional(id, source, slot, page);
-    if (!taken) return -1;
-    if (!taken->second)
+    auto& books = src_[source].books;
+    if (page < pages_per_request_ && books.slot(slot).optional_page[page] >= 0)
       throw invalid_configuration("page " + std::to_string(page) + " of request " + std::to_string(id) + " on source " +
                                   std::to_string(source) + " already holds optional pool page " +
-                                  std::to_string(taken->first));
+                                  std::to_string(books.slot(slot).optional_page[page]));
+    const auto taken = books.take_optional(id, source, slot, page);
+    if (!taken) return -1;
+    if (shared != nullptr) *shared = !taken->second;
     return taken->first;
   }
   /// Takes a history page's pool page out of the books without returning it to the pool and
-  /// without touching the device map (unmap it in stream order first); -1 when it had none.
+  /// without touching the device map (unmap it in stream order first); -1 when it had none, or
+  /// when other requests still map it (shared prefixes: it stays in the pool for them).
   std::int32_t detach_optional_page(request_id id, std::size_t source, std::size_t page) {
     check_source(source);
     return src_[source].books.detach_optional(id, registry_.slot(id), page);

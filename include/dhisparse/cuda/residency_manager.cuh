@@ -32,6 +32,14 @@
 ///    work for the request is in flight, the step stream waits for it on the device first, so no
 ///    late publish or backup can touch a reused slot or host page.
 ///
+/// Shared prefixes (docs/prefixes.md): `admit(id, prefix, suffix)`, `retain_prefix` and
+/// `release_prefix` have the host manager's semantics. A pool page serves every request mapping
+/// its host page: the first mapping fills it; later ones join it (no pool page, no copy; the entry
+/// is published on the copy stream behind the fill). It counts once in M_opt, and retires (behind
+/// the step-stream unmap of its last mapper) only when every request mapping it is reclaimed or
+/// completed. Retaining a prefix backs up its device-only pages on the step stream first, so a
+/// shared page is never device-only.
+///
 /// Admission that needs reclaim cannot finish at once (the pages retire later): `admit` starts the
 /// reclaim, *claims* the request's required pages against the capacity being freed, and returns
 /// `admit_status::wait_for_reclaim`; a later `admit` of the same id (after `poll()`, e.g. the next
@@ -59,6 +67,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -88,6 +97,9 @@ struct device_history_import {
   const std::byte* rows = nullptr;
   /// Rows imported (stored rows, not token positions).
   std::size_t count = 0;
+  /// Row the import starts at: 0 for a plain admission, the prefix's rows on that source for an
+  /// admission on a retained prefix (as `history_import::first_row`; otherwise suffix_misaligned).
+  std::int64_t first_row = 0;
 };
 
 /// Where one history page of a request is (for tests and inspection).
@@ -236,7 +248,8 @@ class residency_manager {
       if (hi.count > 0 && hi.rows == nullptr)
         throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.count) +
                             " rows from a null device pointer");
-    return admit_impl(id, history.size(), [&](std::size_t s) { return history[s].count; },
+    return admit_impl(id, std::nullopt, history.size(), [&](std::size_t s) { return history[s].count; },
+                      [&](std::size_t s) { return history[s].first_row; },
                       [&](std::size_t s, std::size_t device_pages) {
                         return h_.import_rows(id, s, history[s].rows, history[s].count, device_pages, step_);
                       });
@@ -248,11 +261,72 @@ class residency_manager {
   /// The same from host memory (any, pageable included; the host manager's signature): the rows are
   /// staged through a stream-ordered device allocation, then imported as above.
   residency_admission admit(request_id id, std::span<const history_import> history) {
+    return admit_host(id, std::nullopt, history);
+  }
+  /// As above (host memory), with the imports given as a braced list.
+  residency_admission admit(request_id id, std::initializer_list<history_import> history) {
+    return admit(id, std::span<const history_import>(history.begin(), history.size()));
+  }
+
+  // ------------------------------------------------------------------ shared prefixes (docs/prefixes.md)
+
+  /// Resident-first admission on retained prefix `prefix` (the host manager's `admit(id, prefix,
+  /// suffix)`): the request shares the prefix's host pages (`hierarchy::admit(id, prefix)` on the
+  /// step stream, behind the prefix's rows) and imports only `suffix` (empty, or one import per
+  /// source from host memory whose `first_row` is the prefix's rows there). Pages other requests
+  /// already map are joined at no cost (one pool page, counted once in M_opt; the entry is
+  /// published on the copy stream behind the page's fill), then unmapped pages newest first while
+  /// spare pages remain. A pool page every mapper of which is being reclaimed is not joined (it is
+  /// about to retire; repopulation maps the page again later). Throws, state unchanged:
+  /// duplicate_admission, unknown_prefix, size_mismatch, suffix_misaligned, capacity_exceeded.
+  /// Waits as `admit`, `wait_for_reclaim` included (retry with the same prefix and suffix).
+  residency_admission admit(request_id id, prefix_id prefix, std::span<const history_import> suffix = {}) {
+    return admit_host(id, prefix, suffix);
+  }
+  /// As above, with the suffix imports given as a braced list.
+  residency_admission admit(request_id id, prefix_id prefix, std::initializer_list<history_import> suffix) {
+    return admit(id, prefix, std::span<const history_import>(suffix.begin(), suffix.size()));
+  }
+  /// As above, with the suffix in device-accessible memory (`device_history_import::first_row` the
+  /// prefix's rows on each source); the buffers must stay valid until the call that admits.
+  residency_admission admit(request_id id, prefix_id prefix, std::span<const device_history_import> suffix) {
+    for (const auto& hi : suffix)
+      if (hi.count > 0 && hi.rows == nullptr)
+        throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.count) +
+                            " rows from a null device pointer");
+    return admit_impl(id, prefix, suffix.size(), [&](std::size_t s) { return suffix[s].count; },
+                      [&](std::size_t s) { return suffix[s].first_row; },
+                      [&](std::size_t s, std::size_t device_pages) {
+                        return h_.import_rows(id, s, suffix[s].rows, suffix[s].count, device_pages, step_);
+                      });
+  }
+
+  /// Retains the first `rows[s]` stored rows of request `id` as prefix `prefix`
+  /// (`hierarchy::retain_prefix`; the ledger is not affected: a retained prefix holds host pages
+  /// only). Device-only pages among them (imported resident-first, host copy deferred) are backed
+  /// up on the step stream now, so that admissions on the prefix, enqueued later on that stream,
+  /// read their host copy. Returns the evicted prefixes. Throws as the hierarchy, and unknown_request.
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    auto& b = books_of(id);
+    auto evicted = h_.retain_prefix(prefix, id, rows);
+    back_up_retained(b, prefix);
+    return evicted;
+  }
+  /// Retains a request's whole stored history; as above.
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    auto& b = books_of(id);
+    auto evicted = h_.retain_prefix(prefix, id);
+    back_up_retained(b, prefix);
+    return evicted;
+  }
+  /// Drops a retained prefix (`hierarchy::release_prefix`); throws unknown_prefix. Requests
+  /// admitted on it keep their pages.
+  void release_prefix(prefix_id prefix) { h_.release_prefix(prefix); }
+
+ private:
+  /// The host-memory admissions, plain (`prefix` empty) and on a prefix.
+  residency_admission admit_host(request_id id, std::optional<prefix_id> prefix, std::span<const history_import> history) {
     for (std::size_t s = 0; s < history.size() && s < sources; ++s) {
-      if (history[s].first_row != 0)  // no prefixes on this backend yet: imports start at row 0
-        throw suffix_misaligned("residency: request " + std::to_string(id) + " imports rows from row " +
-                                std::to_string(history[s].first_row) + " on source " + std::to_string(s) +
-                                ", a plain admission starts at row 0");
       const auto& d = layout::sources[s];
       if (history[s].count <= h_.config().max_rows &&
           history[s].rows.size() != history[s].count * d.payload_layers * d.row_bytes)
@@ -261,17 +335,16 @@ class residency_manager {
                             " rows on source " + std::to_string(s) + ", expected " +
                             std::to_string(history[s].count * d.payload_layers * d.row_bytes));
     }
-    return admit_impl(id, history.size(), [&](std::size_t s) { return history[s].count; },
+    return admit_impl(id, prefix, history.size(), [&](std::size_t s) { return history[s].count; },
+                      [&](std::size_t s) { return history[s].first_row; },
                       [&](std::size_t s, std::size_t device_pages) {
                         return detail::with_device_copy(history[s].rows, step_, [&](const std::byte* copy) {
                           return h_.import_rows(id, s, copy, history[s].count, device_pages, step_);
                         });
                       });
   }
-  /// As above (host memory), with the imports given as a braced list.
-  residency_admission admit(request_id id, std::initializer_list<history_import> history) {
-    return admit(id, std::span<const history_import>(history.begin(), history.size()));
-  }
+
+ public:
 
   /// Streamed admission (the host manager's `import_history`): the next `count` rows of an admitted
   /// request's history on one source, from device-accessible memory (device or pinned host)
@@ -402,9 +475,16 @@ class residency_manager {
         auto& e = b.pages[s][page];
         if (e.state == page_state::absent) continue;
         if (e.state == page_state::filling || e.state == page_state::backing_up) --copy_pending_;
+        const std::int32_t pool = e.pool;
+        const bool was_doomed = doomed_page(s, pool);
         const std::int32_t g = h_.detach_optional_page(id, s, page);
-        leaving.push_back({s, g, 0});
-        if (!b.reclaiming) ++doomed_[s];
+        if (b.reclaiming) drop_reclaimer(s, pool);
+        if (g >= 0) {  // its last mapper: the page retires (counted in doomed_ until it is free)
+          leaving.push_back({s, g, 0});
+          if (!was_doomed) ++doomed_[s];
+        } else if (!was_doomed && doomed_page(s, pool)) {
+          ++doomed_[s];  // its other mappers are all being reclaimed
+        }
         e = {};
       }
     h_.complete(id, step_);
@@ -426,7 +506,7 @@ class residency_manager {
     ++counters_.repopulate_calls;
     if constexpr (!traits::keeps_optional_history) return 0;
     poll();
-    std::array<detail::page_batch, sources> batch{};
+    fill_batch batch;
     const std::size_t mapped = dhisparse::detail::repopulation_walk(
         by_seq_, cursor_, traits::pages_per_attempt, sources,
         [](const request_books& b, std::size_t s) { return b.mapped[s]; },
@@ -534,6 +614,9 @@ class residency_manager {
   }
 
   /// Cross-checks the ledger and the books (host only; no device access). "" when consistent.
+  /// Shared prefixes: every held page is the pool page serving its host page, each pool page's
+  /// mapper count equals the requests holding it, a shared page is never device-only, M_opt counts
+  /// each pool page once and the pages being reclaimed count once every mapper is reclaiming.
   [[nodiscard]] std::string audit() const {
     const std::size_t m = capacity_pages();
     if (h_.admitted_count() != by_seq_.size())
@@ -544,6 +627,11 @@ class residency_manager {
     for (std::size_t s = 0; s < sources; ++s) {
       const std::string src = "source " + std::to_string(s) + ": ";
       std::size_t req = 0, held = 0, doomed = 0;
+      struct pool_use {
+        std::uint32_t mappers = 0, reclaiming = 0;
+        bool device_only = false;
+      };
+      std::map<std::int32_t, pool_use> uses;  // pool page -> its mappers (shared prefixes: several)
       for (const auto& [seq, b] : by_seq_) {
         const std::string who = src + "request " + std::to_string(b.id) + ": ";
         if (!h_.contains(b.id)) return who + "not admitted in the hierarchy";
@@ -560,6 +648,15 @@ class residency_manager {
             return who + "page " + std::to_string(page) + " is mapped but only " + std::to_string(eligible) +
                    " pages are eligible";
           if (e.pool < 0) return who + "page " + std::to_string(page) + " is mapped without a pool page";
+          const std::int32_t host = h_.host_page_of(b.id, s, page);
+          const std::int32_t serving = host < 0 ? -1 : h_.optional_page_of_host(s, static_cast<page_id>(host));
+          if (serving != e.pool)
+            return who + "page " + std::to_string(page) + " holds pool page " + std::to_string(e.pool) +
+                   " but its host page is served by " + std::to_string(serving);
+          auto& u = uses[e.pool];
+          ++u.mappers;
+          if (b.reclaiming) ++u.reclaiming;
+          u.device_only = u.device_only || e.device_only;
         }
         if (count != b.mapped[s])
           return who + std::to_string(count) + " pages held, the books say " + std::to_string(b.mapped[s]);
@@ -567,9 +664,27 @@ class residency_manager {
           return who + "pinned reservation " + std::to_string(b.pinned_left[s]) + " + mapped " +
                  std::to_string(b.mapped[s]) + " != " + std::to_string(pinned_pages_per_request());
         req += cfg_.required_pages + b.pinned_left[s];
-        held += b.mapped[s];
-        if (b.reclaiming) doomed += b.mapped[s];
       }
+      std::size_t reclaimed_pages = 0;  // pool pages with a reclaiming mapper
+      for (const auto& [g, u] : uses) {
+        const std::string pg = src + "pool page " + std::to_string(g) + ": ";
+        if (h_.optional_page_refs(s, g) != u.mappers)
+          return pg + "mapped by " + std::to_string(u.mappers) + " requests, its count says " +
+                 std::to_string(h_.optional_page_refs(s, g));
+        if (u.mappers > 1 && u.device_only) return pg + "shared by " + std::to_string(u.mappers) + " requests but device-only";
+        if (u.reclaiming > 0) {
+          ++reclaimed_pages;
+          const auto r = reclaimers_[s].find(g);
+          if (r == reclaimers_[s].end() || r->second != u.reclaiming)
+            return pg + std::to_string(u.reclaiming) + " mappers are being reclaimed, the books say " +
+                   std::to_string(r == reclaimers_[s].end() ? 0u : r->second);
+        }
+        if (u.reclaiming == u.mappers) ++doomed;  // every mapper is being reclaimed: it will retire
+      }
+      if (reclaimed_pages != reclaimers_[s].size())
+        return src + std::to_string(reclaimers_[s].size()) + " pool pages have reclaiming mappers in the books, " +
+               std::to_string(reclaimed_pages) + " in fact";
+      held = uses.size();  // M_opt counts each pool page once, however many requests share it
       const std::size_t retiring = retiring_pages(s);
       held += retiring;
       doomed += retiring;
@@ -644,26 +759,38 @@ class residency_manager {
     return r;
   }
 
-  template <class CountOf, class Import>
-  residency_admission admit_impl(request_id id, std::size_t imports, CountOf count_of, Import import) {
+  /// Both admissions (`prefix` empty for a plain one): `count_of(s)` and `first_of(s)` describe
+  /// the import of source s, `import(s, device_pages)` runs it.
+  template <class CountOf, class FirstOf, class Import>
+  residency_admission admit_impl(request_id id, std::optional<prefix_id> prefix, std::size_t imports, CountOf count_of,
+                                 FirstOf first_of, Import import) {
     if (seq_of_.contains(id) || h_.contains(id))
       throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
     if (imports != 0 && imports != sources)
       throw size_mismatch("residency: admission of request " + std::to_string(id) + " imports history for " +
                           std::to_string(imports) + " sources, the layout has " + std::to_string(sources));
+    std::array<std::size_t, sources> base{};  // prefix rows
+    if (prefix)
+      for (std::size_t s = 0; s < sources; ++s) base[s] = static_cast<std::size_t>(h_.prefix_rows(*prefix, s));
     std::array<std::size_t, sources> rows{};
     for (std::size_t s = 0; s < imports; ++s) {
+      if (first_of(s) != static_cast<std::int64_t>(base[s]))
+        throw suffix_misaligned("residency: request " + std::to_string(id) + " imports rows from row " +
+                                std::to_string(first_of(s)) + " on source " + std::to_string(s) + ", " +
+                                (prefix ? "prefix " + std::to_string(*prefix) + " ends at row "
+                                        : std::string("a plain admission starts at row ")) +
+                                std::to_string(base[s]));
       rows[s] = count_of(s);
-      if (rows[s] > h_.config().max_rows)
+      if (rows[s] > h_.config().max_rows - base[s])
         throw capacity_exceeded("residency: request " + std::to_string(id) + " imports " + std::to_string(rows[s]) +
-                                " rows on source " + std::to_string(s) + ", capacity is " +
-                                std::to_string(h_.config().max_rows));
+                                " rows on source " + std::to_string(s) + " on top of " + std::to_string(base[s]) +
+                                ", capacity is " + std::to_string(h_.config().max_rows));
     }
     poll();
     residency_admission result;
     if (h_.admitted_count() >= h_.config().max_requests) return wait(result, admit_status::wait_for_slot);
-    for (std::size_t s = 0; s < sources; ++s)
-      if ((rows[s] + page_rows - 1) / page_rows > h_.free_host_pages(s))
+    for (std::size_t s = 0; s < sources; ++s)  // new pages: the boundary copy of a partial prefix page and the rest
+      if ((base[s] + rows[s] + page_rows - 1) / page_rows - base[s] / page_rows > h_.free_host_pages(s))
         return wait(result, admit_status::wait_for_host_pages);
 
     const std::size_t take = cfg_.required_pages + pinned_pages_per_request();
@@ -674,30 +801,17 @@ class residency_manager {
       for (std::size_t s = 0; s < sources; ++s)
         used[s] = required_[s] + (held_[s] - doomed_[s]) + cfg_.reserve_pages + claimed_[s];
       const auto deficit = dhisparse::detail::residency_deficit<sources>(used, take, capacity_pages());
-      std::vector<request_books*> walk;
-      std::vector<std::array<std::size_t, sources>> held;
-      if (!traits::pins_history) {
-        auto visit = [&](request_books& b) {
-          if (b.reclaiming) return;
-          walk.push_back(&b);
-          held.push_back(b.mapped);
-        };
-        if constexpr (traits::order == reclaim_order::most_recent_first)
-          for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
-        else
-          for (auto& [seq, b] : by_seq_) visit(b);
-      }
-      const auto picked = dhisparse::detail::pick_whole_requests<sources>(held, deficit);
+      std::array<std::size_t, sources> freed{};
+      const auto picked = pick_victims(deficit, freed);
       if (!picked) return wait(result, admit_status::wait_for_memory);
-      for (std::size_t i : *picked) {
-        request_books& v = *walk[i];
-        v.reclaiming = true;
-        for (std::size_t s = 0; s < sources; ++s) {
-          doomed_[s] += v.mapped[s];
-          result.reclaimed_pages += v.mapped[s];
-        }
-        ++counters_.requests_reclaimed;  // pages_reclaimed counts them as they are unmapped
+      for (request_books* v : *picked) {
+        v->reclaiming = true;
+        for (std::size_t s = 0; s < sources; ++s)
+          for (const auto& e : v->pages[s])
+            if (e.state != page_state::absent) change_doom(s, e.pool, [&] { ++reclaimers_[s][e.pool]; });
+        ++counters_.requests_reclaimed;  // pages_reclaimed counts pages as they return to the pool
       }
+      for (std::size_t s = 0; s < sources; ++s) result.reclaimed_pages += freed[s];
       result.reclaimed_requests = picked->size();
       if (!fits_now(take)) {
         claims_.emplace(id, take);
@@ -716,7 +830,8 @@ class residency_manager {
     }
 
     // Commit: admit, import resident-first, account.
-    const admission a = h_.admit(id, step_);  // a slot is free: checked above
+    if (prefix) h_.join_backup(step_);  // the prefix's rows are read on the step stream: their host copies first
+    const admission a = prefix ? h_.admit(id, *prefix, step_) : h_.admit(id, step_);  // slot and host pages: checked
     result.slot = a.slot;
     const std::uint64_t seq = next_seq_++;
     auto& b = by_seq_[seq];
@@ -727,6 +842,7 @@ class residency_manager {
       b.pages[s].assign(ppr, page_entry{});
       b.pinned_left[s] = pinned_pages_per_request();
       required_[s] += cfg_.required_pages + b.pinned_left[s];
+      b.imported[s] = static_cast<std::int64_t>(base[s]);
     }
     try {
       for (std::size_t s = 0; s < imports; ++s)
@@ -753,6 +869,11 @@ class residency_manager {
       by_seq_.erase(seq);
       seq_of_.erase(id);
       throw;
+    }
+    if (prefix && traits::keeps_optional_history) {
+      fill_batch batch;
+      for (std::size_t s = 0; s < sources; ++s) result.mapped_pages += map_prefix(b, s, batch);
+      flush_fills(batch);
     }
     result.status = admit_status::admitted;
     ++counters_.admissions;
@@ -824,12 +945,12 @@ class residency_manager {
     b.imported[s] += static_cast<std::int64_t>(count);
     for (const auto& [page, g] : taken) {
       b.pages[s][page] = {page_state::ready, true, g, 0};
-      account_mapped(b, s);
+      account_mapped(b, s, true);
     }
     std::size_t mapped = taken.size();
     if (traits::keeps_optional_history && !b.reclaiming && first < first_whole && first < last &&
         taken.size() == whole) {
-      std::array<detail::page_batch, sources> batch{};
+      fill_batch batch;
       if (fill_one(b, s, first, batch)) ++mapped;
       flush_fills(batch);
     }
@@ -843,9 +964,10 @@ class residency_manager {
     return true;
   }
 
-  void account_mapped(request_books& b, std::size_t s) {
+  /// Books a page mapped for `b`; `fresh`: it took a pool page (a joined shared page is already in M_opt).
+  void account_mapped(request_books& b, std::size_t s, bool fresh) {
     ++b.mapped[s];
-    ++held_[s];
+    if (fresh) ++held_[s];
     if constexpr (traits::pins_history) {
       --b.pinned_left[s];
       --required_[s];
@@ -855,7 +977,7 @@ class residency_manager {
 
   void after_append(request_books& b, std::size_t source, std::int64_t before) {
     if constexpr (traits::pins_history) {
-      std::array<detail::page_batch, sources> batch{};
+      fill_batch batch;
       const auto after = static_cast<std::size_t>(h_.frontier(b.id, source));
       for (std::size_t page = static_cast<std::size_t>(before) / page_rows; page < after / page_rows; ++page)
         fill_one(b, source, page, batch);
@@ -876,41 +998,84 @@ class residency_manager {
     return -1;
   }
 
-  /// Reserves one page for a fill from the host store if the ledger allows it; the fill is queued
-  /// in `batch` (flushed when full and by `flush_fills`).
-  bool fill_one(request_books& b, std::size_t s, std::size_t page, std::array<detail::page_batch, sources>& batch) {
+  /// Queued copy-stream work of one call: fills (copy, then publish) and publishes of joined
+  /// shared pages (no copy), per source.
+  struct fill_batch {
+    std::array<detail::page_batch, sources> fill{}, publish{};
+  };
+
+  /// Pool page serving history page `page` of a request through another request mapping its host
+  /// page (shared prefixes), -1 when none.
+  [[nodiscard]] std::int32_t served_by(const request_books& b, std::size_t s, std::size_t page) const {
+    const std::int32_t host = h_.host_page_of(b.id, s, page);
+    return host < 0 ? -1 : h_.optional_page_of_host(s, static_cast<page_id>(host));
+  }
+  /// True when every request mapping pool page `g` is being reclaimed: it will retire, so it
+  /// counts as gone (doomed_) and is not joined.
+  [[nodiscard]] bool doomed_page(std::size_t s, std::int32_t g) const {
+    const auto it = reclaimers_[s].find(g);
+    return it != reclaimers_[s].end() && it->second == h_.optional_page_refs(s, g);
+  }
+  /// Applies `change` (to the reclaimers or the mappers of pool page `g`) and keeps doomed_ in step.
+  template <class Change>
+  void change_doom(std::size_t s, std::int32_t g, Change change) {
+    const bool before = doomed_page(s, g);
+    change();
+    const bool after = doomed_page(s, g);
+    if (after && !before) ++doomed_[s];
+    if (before && !after) --doomed_[s];
+  }
+  /// One reclaiming mapper of pool page `g` fewer (it detached from the page).
+  void drop_reclaimer(std::size_t s, std::int32_t g) {
+    const auto it = reclaimers_[s].find(g);
+    if (it != reclaimers_[s].end() && --it->second == 0) reclaimers_[s].erase(it);
+  }
+
+  /// Maps one page if the ledger allows it: a fresh pool page is reserved and filled from the host
+  /// store; a page whose host page another request maps joins that pool page (no spare page
+  /// needed, published without a copy behind the first mapping's fill). Queued in `batch` (flushed
+  /// when full and by `flush_fills`).
+  bool fill_one(request_books& b, std::size_t s, std::size_t page, fill_batch& batch) {
+    const std::int32_t served = served_by(b, s, page);
+    if (served >= 0 && doomed_page(s, served)) return false;  // retiring soon: mapped again afterwards
     if constexpr (traits::pins_history) {
       if (b.pinned_left[s] == 0) return false;
     } else {
-      if (spare(s) == 0) return false;
+      if (served < 0 && spare(s) == 0) return false;
     }
-    const std::int32_t g = h_.reserve_optional_page(b.id, s, page);
+    bool shared = false;
+    const std::int32_t g = h_.reserve_optional_page(b.id, s, page, &shared);
     if (g < 0) return false;  // cannot happen while the books agree
     auto& e = b.pages[s][page];
     e = {page_state::filling, false, g, unrecorded};
     ++copy_pending_;
-    account_mapped(b, s);
-    batch[s].push({static_cast<std::int32_t>(h_.slot_of(b.id)), static_cast<std::int32_t>(page), g,
-                   h_.host_page_of(b.id, s, page)});
+    account_mapped(b, s, !shared);
+    auto& q = shared ? batch.publish[s] : batch.fill[s];
+    q.push({static_cast<std::int32_t>(h_.slot_of(b.id)), static_cast<std::int32_t>(page), g,
+            h_.host_page_of(b.id, s, page)});
     pending_fills_.push_back({b.id, s, page});
-    if (batch[s].full()) flush_fills(batch);
+    if (q.full()) flush_fills(batch);
     return true;
   }
 
   /// Enqueues the queued fills on the copy stream behind the step stream's work so far (the
-  /// slots' admissions and the host rows' appends), publishes them behind the copies, and gives
-  /// their pages the ticket behind the publish.
-  void flush_fills(std::array<detail::page_batch, sources>& batch) {
+  /// slots' admissions and the host rows' appends), publishes them behind the copies (joined
+  /// shared pages behind every fill so far, their first mapping's included), and gives their
+  /// pages the ticket behind the publish.
+  void flush_fills(fill_batch& batch) {
     bool any = false;
-    for (const auto& bt : batch) any = any || bt.count > 0;
+    for (std::size_t s = 0; s < sources; ++s) any = any || batch.fill[s].count > 0 || batch.publish[s].count > 0;
     if (!any) return;
     h_.join_backup(step_);  // the fills read host rows: a pending step-wide backup comes first
     step_clock_.order_before(copy_stream_);
     for (std::size_t s = 0; s < sources; ++s) {
-      if (batch[s].count == 0) continue;
-      DHISPARSE_CUDA_TRY(detail::launch_fill_pages(h_.view(s), batch[s], copy_stream_));
-      DHISPARSE_CUDA_TRY(detail::launch_store_map(h_.view(s), batch[s], false, copy_stream_));
-      batch[s].count = 0;
+      if (batch.fill[s].count > 0) {
+        DHISPARSE_CUDA_TRY(detail::launch_fill_pages(h_.view(s), batch.fill[s], copy_stream_));
+        DHISPARSE_CUDA_TRY(detail::launch_store_map(h_.view(s), batch.fill[s], false, copy_stream_));
+      }
+      DHISPARSE_CUDA_TRY(detail::launch_store_map(h_.view(s), batch.publish[s], false, copy_stream_));
+      batch.fill[s].count = 0;
+      batch.publish[s].count = 0;
     }
     const std::uint64_t t = copy_.record();
     for (const auto& f : pending_fills_) {
@@ -920,6 +1085,99 @@ class residency_manager {
       if (e.state == page_state::filling && e.ticket == unrecorded) e.ticket = t;
     }
     pending_fills_.clear();
+  }
+
+  /// Maps the pages of a request admitted on a prefix after its suffix import (which took the
+  /// newest pages lying wholly in the suffix): first every page another request already maps (no
+  /// pool page taken), then the others newest first while the ledger allows, as the host manager.
+  std::size_t map_prefix(request_books& b, std::size_t s, fill_batch& batch) {
+    const std::size_t eligible = eligible_pages(b, s);
+    std::size_t mapped = 0;
+    for (std::size_t page = 0; page < eligible; ++page)
+      if (b.pages[s][page].state == page_state::absent && served_by(b, s, page) >= 0 && fill_one(b, s, page, batch))
+        ++mapped;
+    for (std::size_t page = eligible; page-- > 0;) {
+      if (b.pages[s][page].state != page_state::absent) continue;
+      if (const std::int32_t g = served_by(b, s, page); g >= 0 && doomed_page(s, g)) continue;
+      if (!fill_one(b, s, page, batch)) break;
+      ++mapped;
+    }
+    return mapped;
+  }
+
+  /// Whole requests to reclaim, in the policy's order, whose unmapping frees pool pages covering
+  /// every source's deficit (detail/residency_reclaim.hpp's choice, with sharing): a request
+  /// holding pages is one of the q; a pool page it shares is freed only once every request mapping
+  /// it is a victim or already being reclaimed. `freed`: the pages they free. nullopt when all cannot.
+  std::optional<std::vector<request_books*>> pick_victims(const std::array<std::size_t, sources>& deficit,
+                                                          std::array<std::size_t, sources>& freed) {
+    auto covers = [&] {
+      for (std::size_t s = 0; s < sources; ++s)
+        if (freed[s] < deficit[s]) return false;
+      return true;
+    };
+    std::vector<request_books*> victims;
+    if (covers()) return victims;
+    if constexpr (traits::pins_history) return std::nullopt;  // pinned pages are never reclaimed
+    std::array<std::unordered_map<std::int32_t, std::uint32_t>, sources> dropped;
+    auto visit = [&](request_books& b) {
+      if (covers() || b.reclaiming) return;
+      std::size_t total = 0;
+      for (std::size_t s = 0; s < sources; ++s) total += b.mapped[s];
+      if (total == 0) return;  // holds nothing: not one of the q
+      victims.push_back(&b);
+      for (std::size_t s = 0; s < sources; ++s)
+        for (const auto& e : b.pages[s]) {
+          if (e.state == page_state::absent) continue;
+          const auto r = reclaimers_[s].find(e.pool);
+          const std::uint32_t already = r == reclaimers_[s].end() ? 0 : r->second;
+          if (++dropped[s][e.pool] + already == h_.optional_page_refs(s, e.pool)) ++freed[s];
+        }
+    };
+    if constexpr (traits::order == reclaim_order::most_recent_first)
+      for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
+    else
+      for (auto& [seq, b] : by_seq_) visit(b);
+    if (!covers()) return std::nullopt;
+    return victims;
+  }
+
+  /// Backs up, on the step stream, the device-only pages a new prefix retains (admissions on it
+  /// read their host copies on that stream); pages whose backup is already in flight on the copy
+  /// stream are ordered before the step stream instead.
+  void back_up_retained(request_books& b, prefix_id prefix) {
+    std::array<detail::page_batch, sources> batch{};
+    bool ordered = false, copying = false;
+    const auto slot = static_cast<std::int32_t>(h_.slot_of(b.id));
+    auto flush = [&] {
+      bool any = false;
+      for (const auto& bt : batch) any = any || bt.count > 0;
+      if (!any) return;
+      if (!ordered) {
+        h_.join_backup(step_);
+        ordered = true;
+      }
+      for (std::size_t s = 0; s < sources; ++s) {
+        DHISPARSE_CUDA_TRY(detail::launch_backup_pages(h_.view(s), batch[s], step_));
+        batch[s].count = 0;
+      }
+    };
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto pages = static_cast<std::size_t>(h_.prefix_rows(prefix, s)) / page_rows;  // complete pages
+      for (std::size_t page = 0; page < pages; ++page) {
+        auto& e = b.pages[s][page];
+        if (!e.device_only) continue;
+        if (e.state == page_state::backing_up) {
+          copying = true;  // poll() turns it ready once the copy stream's backup is seen
+        } else {
+          batch[s].push({slot, static_cast<std::int32_t>(page), e.pool, h_.host_page_of(b.id, s, page)});
+          if (batch[s].full()) flush();
+        }
+        e.device_only = false;
+      }
+    }
+    if (copying) copy_.order_before(step_);
+    flush();
   }
 
   /// Moves every request being reclaimed forward: back up device-only ready pages (copy stream,
@@ -964,11 +1222,15 @@ class residency_manager {
       const std::uint64_t t = step_clock_.record();
       for (const auto& l : unmapped) {
         auto& e = l.b->pages[l.s][l.page];
+        const std::int32_t pool = e.pool;
         const std::int32_t g = h_.detach_optional_page(l.b->id, l.s, l.page);
-        retiring_.push_back({l.s, g, t});
+        drop_reclaimer(l.s, pool);  // doomed or not, the page stays so (one mapper and one reclaimer fewer)
+        if (g >= 0) {               // its last mapper: it retires, and stays in held_ and doomed_ meanwhile
+          retiring_.push_back({l.s, g, t});
+          ++counters_.pages_reclaimed;
+        }
         e = {};
-        --l.b->mapped[l.s];  // stays in held_ and doomed_ while retiring
-        ++counters_.pages_reclaimed;
+        --l.b->mapped[l.s];
       }
       unmapped.clear();
     };
@@ -1020,6 +1282,9 @@ class residency_manager {
   std::array<std::size_t, sources> held_{};      // M_opt: pool pages held by requests or retiring
   std::array<std::size_t, sources> doomed_{};    // of held_: pages of requests being reclaimed, and retiring pages
   std::array<std::size_t, sources> claimed_{};   // required pages claimed by admissions waiting for reclaim
+  // Per source: pool page -> requests being reclaimed that still map it (shared prefixes: a page
+  // is doomed once every mapper is among them).
+  std::array<std::unordered_map<std::int32_t, std::uint32_t>, sources> reclaimers_;
   std::map<std::uint64_t, request_books> by_seq_;
   std::unordered_map<request_id, std::uint64_t> seq_of_;
   std::unordered_map<request_id, std::size_t> claims_;
