@@ -524,15 +524,23 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
       .def("reclaim_sequence", &M::reclaim_sequence)
       .def(
           "admit",
-          [imports_of](M& mgr, request_id id, nb::handle history) {
+          [imports_of](M& mgr, request_id id, nb::handle history, std::optional<prefix_id> prefix) {
             bool dev = false;
             std::vector<in_array> arrays;
             const auto imports = imports_of(history, arrays, dev);
-            return mgr.admit(id, imports, dev);
+            return mgr.admit(id, imports, dev, prefix);
           },
-          nb::arg("request"), nb::arg("history") = nb::none(),
+          nb::arg("request"), nb::arg("history") = nb::none(), nb::arg("prefix") = nb::none(),
           "Resident-first admission; `history`: one uint8 array per source (CUDA arrays import from the "
-          "device; they must stay valid until the call that admits), or None.")
+          "device; they must stay valid until the call that admits), or None. With `prefix`, the request "
+          "shares that retained prefix and `history` is only the suffix.")
+      .def(
+          "retain_prefix",
+          [](M& mgr, prefix_id prefix, request_id id, std::optional<std::vector<std::int64_t>> rows) {
+            return mgr.retain_prefix(prefix, id, rows ? &*rows : nullptr);
+          },
+          nb::arg("prefix"), nb::arg("request"), nb::arg("rows") = nb::none())
+      .def("release_prefix", &M::release_prefix, nb::arg("prefix"))
       .def("withdraw", &M::withdraw, nb::arg("request"))
       .def(
           "append",

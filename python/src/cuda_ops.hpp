@@ -184,7 +184,12 @@ class cuda_manager_ops {
   std::int64_t imported_rows(request_id id, std::size_t source) const;
   std::vector<request_id> reclaim_sequence() const;
 
-  residency_admission admit(request_id id, const std::vector<import_rows>& history, bool on_device);
+  /// With `prefix`, the request is admitted on that retained prefix and `history` is the suffix
+  /// (each source's import starts where the prefix ends there).
+  residency_admission admit(request_id id, const std::vector<import_rows>& history, bool on_device,
+                            std::optional<prefix_id> prefix = std::nullopt);
+  std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, const std::vector<std::int64_t>* rows);
+  void release_prefix(prefix_id prefix);
   void withdraw(request_id id);
   void append(request_id id, std::size_t source, const void* rows, std::size_t bytes, std::size_t count, bool on_device);
   void reserve_ahead(std::size_t rows_ahead);

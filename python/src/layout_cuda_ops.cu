@@ -370,27 +370,43 @@ DHISPARSE_PY_MGR imported_rows(request_id id, std::size_t source) const -> std::
   return p_->m.imported_rows(id, source);
 }
 DHISPARSE_PY_MGR reclaim_sequence() const -> std::vector<request_id> { return p_->m.reclaim_sequence(); }
-DHISPARSE_PY_MGR admit(request_id id, const std::vector<import_rows>& history, bool on_device) -> residency_admission {
+DHISPARSE_PY_MGR admit(request_id id, const std::vector<import_rows>& history, bool on_device,
+                       std::optional<prefix_id> prefix) -> residency_admission {
+  // On a prefix, each source's suffix starts where the prefix ends (the library checks it).
+  const auto& h = p_->m.hierarchy();
+  const auto first_row = [&](std::size_t s) -> std::int64_t {
+    return prefix && s < source_count<Layout> && h.contains_prefix(*prefix) ? h.prefix_rows(*prefix, s) : 0;
+  };
   if (on_device) {
     std::vector<cuda::device_history_import> imports;
     for (std::size_t s = 0; s < history.size(); ++s) {
       const auto& hi = history[s];
-      if (s < source_count<Layout> && hi.count <= p_->m.hierarchy().config().max_rows) {
+      if (s < source_count<Layout> && hi.count <= h.config().max_rows) {
         const auto& d = Layout::sources[s];
         if (hi.bytes != hi.count * d.payload_layers * d.row_bytes)
           throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(hi.bytes) +
                               " bytes for " + std::to_string(hi.count) + " rows on source " + std::to_string(s) +
                               ", expected " + std::to_string(hi.count * d.payload_layers * d.row_bytes));
       }
-      imports.push_back({static_cast<const std::byte*>(hi.rows), hi.count});
+      imports.push_back({static_cast<const std::byte*>(hi.rows), hi.count, first_row(s)});
     }
-    return p_->m.admit(id, std::span<const cuda::device_history_import>(imports));
+    const std::span<const cuda::device_history_import> span(imports);
+    return prefix ? p_->m.admit(id, *prefix, span) : p_->m.admit(id, span);
   }
   std::vector<history_import> imports;
-  for (const auto& hi : history)
-    imports.push_back({std::span<const std::byte>(static_cast<const std::byte*>(hi.rows), hi.bytes), hi.count});
-  return p_->m.admit(id, std::span<const history_import>(imports));
+  for (std::size_t s = 0; s < history.size(); ++s) {
+    const auto& hi = history[s];
+    imports.push_back(
+        {std::span<const std::byte>(static_cast<const std::byte*>(hi.rows), hi.bytes), hi.count, first_row(s)});
+  }
+  const std::span<const history_import> span(imports);
+  return prefix ? p_->m.admit(id, *prefix, span) : p_->m.admit(id, span);
 }
+DHISPARSE_PY_MGR retain_prefix(prefix_id prefix, request_id id, const std::vector<std::int64_t>* rows)
+    -> std::vector<prefix_id> {
+  return rows ? p_->m.retain_prefix(prefix, id, std::span<const std::int64_t>(*rows)) : p_->m.retain_prefix(prefix, id);
+}
+DHISPARSE_PY_MGR release_prefix(prefix_id prefix) -> void { p_->m.release_prefix(prefix); }
 DHISPARSE_PY_MGR withdraw(request_id id) -> void { p_->m.withdraw(id); }
 DHISPARSE_PY_MGR check_device_rows(const char* call, request_id id, std::size_t source, std::size_t bytes,
                                    std::size_t count) const -> void {

@@ -449,3 +449,29 @@ def test_speculative_round_over_device_views_in_a_cuda_graph():
         h.sync_books()
         for r in requests:
             assert h.frontier(r, 1) == twin.frontier(r, 1)
+
+
+def test_cuda_manager_admits_on_a_prefix():
+    gen = torch.Generator().manual_seed(15)
+    m = dhisparse.ResidencyManager("tiny", {"max_requests": 3, "max_rows": 128, "optional_pages": 24},
+                                   {"required_pages": 1}, policy="adaptive-mra", backend="cuda")
+    system = [fp16_rows(gen, 2, 32, 64).cuda(), fp16_rows(gen, 1, 16, 32).cuda()]
+    assert m.admit(1, system)
+    m.drain()
+    m.retain_prefix(50, 1)
+    suffix = [fp16_rows(gen, 2, 11, 64).cuda(), fp16_rows(gen, 1, 5, 32).cuda()]
+    assert m.admit(2, suffix, prefix=50)
+    m.drain()
+    assert m.audit() == "" and m.imported_rows(2, 0) == 43
+    model = torch.cat([system[0], suffix[0]], dim=1)
+    sel = torch.tensor([[0, 31, 32, 42]], dtype=torch.int32, device="cuda")
+    loc = torch.zeros_like(sel)
+    m.hierarchy.resolve(0, [2], sel, loc)
+    m.hierarchy.check_errors()
+    for layer in (0, 1):
+        assert torch.equal(m.hierarchy.pool(0, layer, like="torch")[loc[0].long()], model[layer][sel[0].long()])
+    m.complete(1)
+    m.complete(2)
+    m.release_prefix(50)
+    m.drain()
+    assert m.audit() == ""
