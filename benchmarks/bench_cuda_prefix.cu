@@ -97,36 +97,10 @@ __global__ void fill_import_kernel(std::uint64_t* dst, std::uint32_t q, std::uin
   }
 }
 
-/// Counts resolved entries whose pool row (payload layer 0 of the source) is not the selected
-/// row's content; bad[1]: first bad flat entry + 1.
-__global__ void verify_kernel(const std::int32_t* __restrict__ sel, const std::int32_t* __restrict__ loc,
-                              const std::int32_t* __restrict__ req, int items, const std::uint64_t* __restrict__ pool,
-                              std::size_t pool_rows, unsigned long long* bad) {
-  const int lane = threadIdx.x & 31;
-  const long long warp = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
-  const long long warps = (static_cast<long long>(gridDim.x) * blockDim.x) >> 5;
-  const long long n = static_cast<long long>(items) * kTopK;
-  for (long long e = warp; e < n; e += warps) {
-    const std::int32_t row = sel[e], l = loc[e];
-    const auto q = static_cast<std::uint32_t>(req[e / static_cast<long long>(kTopK)]);
-    bool ok = true;
-    if (row < 0) {
-      ok = l == -1;
-    } else if (l < 0 || static_cast<std::size_t>(l) >= pool_rows) {
-      ok = false;
-    } else {
-      const std::uint64_t* p = pool + static_cast<std::size_t>(l) * kWords;
-      const auto r = static_cast<std::uint32_t>(row);
-      for (int w = lane; w < static_cast<int>(kWords); w += 32)
-        if (p[w] != row_word(tag_of(q, r), r, static_cast<std::uint32_t>(w))) ok = false;
-    }
-    ok = __all_sync(0xffffffffu, ok);
-    if (!ok && lane == 0) {
-      atomicAdd(&bad[0], 1ull);
-      atomicCAS(&bad[1], 0ull, static_cast<unsigned long long>(e) + 1);
-    }
-  }
-}
+/// Rows below the prefix's end carry the prefix's content (tag 0), the rest their request's.
+struct prefix_tag {
+  __device__ std::uint32_t operator()(std::uint32_t q, std::uint32_t row) const { return tag_of(q, row); }
+};
 
 dh::workload::selection_params selection_shape() {
   dh::workload::selection_params p;  // the defaults are for k = 2048 (GLM-5.3), as in the demo
@@ -294,9 +268,11 @@ class scenario {
     m_.step().check_errors(stream_);
     for (std::size_t s = 0; s < kSources; ++s) {
       DHB_CHECK(cudaMemsetAsync(bad_.get(), 0, 2 * sizeof(unsigned long long), stream_));
-      verify_kernel<<<1024, 256, 0, stream_>>>(sel_.get(), loc_[s].get(), req_.get(), static_cast<int>(ids_.size()),
-                                               reinterpret_cast<const std::uint64_t*>(m_.hierarchy().pool(s, 0)),
-                                               m_.hierarchy().space().rows(), bad_.get());
+      // payload layer 0 of each source; entries of item b at b * k
+      verify_locations_kernel<<<1024, 256, 0, stream_>>>(
+          sel_.get(), loc_[s].get(), req_.get(), static_cast<int>(ids_.size()), static_cast<int>(kTopK),
+          static_cast<int>(kTopK), reinterpret_cast<const std::uint64_t*>(m_.hierarchy().pool(s, 0)),
+          m_.hierarchy().space().rows(), static_cast<int>(kWords), bad_.get(), prefix_tag{});
       DHB_CHECK(cudaGetLastError());
       unsigned long long h[2];
       DHB_CHECK(cudaMemcpyAsync(h, bad_.get(), sizeof h, cudaMemcpyDeviceToHost, stream_));

@@ -62,14 +62,21 @@ __global__ void fill_history_kernel(std::uint64_t* __restrict__ dst, std::uint32
 
 // --- verification (device side; counts mismatching rows) ---------------------------------------
 
+/// The tag a row's content is made from (row_word's first word argument): by default the request
+/// that owns the row; a benchmark whose requests share rows (a prefix) passes its own.
+struct request_tag {
+  __device__ std::uint32_t operator()(std::uint32_t request, std::uint32_t /*row*/) const { return request; }
+};
+
 /// Checks a resolver's output for a batch: entry j of batch item b selected row sel[b*stride + j]
 /// of request req[b]; the method returned loc[b*stride + j]; the row must sit at pool + loc*row bytes
-/// (pool rows of `words` 8-byte words). -1 entries must map to -1. One warp per entry.
-/// bad[0]: mismatching entries; bad[1]: first bad entry index + 1 (0 if none).
+/// (pool rows of `words` 8-byte words) and hold row_word(tag(req[b], row), row, w). -1 entries must
+/// map to -1. One warp per entry. bad[0]: mismatching entries; bad[1]: first bad entry index + 1 (0 if none).
+template <class Tag = request_tag>
 __global__ void verify_locations_kernel(const std::int32_t* __restrict__ sel, const std::int32_t* __restrict__ loc,
                                         const std::int32_t* __restrict__ req, int items, int stride, int entries,
                                         const std::uint64_t* __restrict__ pool, std::size_t pool_rows, int words,
-                                        unsigned long long* bad) {
+                                        unsigned long long* bad, Tag tag = {}) {
   const int lane = threadIdx.x & 31;
   const long long warp = (blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x) >> 5;
   const long long warps = (static_cast<long long>(gridDim.x) * blockDim.x) >> 5;
@@ -85,10 +92,10 @@ __global__ void verify_locations_kernel(const std::int32_t* __restrict__ sel, co
       ok = false;
     } else {
       const std::uint64_t* p = pool + static_cast<std::size_t>(l) * words;
+      const auto r = static_cast<std::uint32_t>(row);
+      const std::uint32_t t = tag(static_cast<std::uint32_t>(req[b]), r);
       for (int w = lane; w < words; w += 32)
-        if (p[w] != row_word(static_cast<std::uint32_t>(req[b]), static_cast<std::uint32_t>(row),
-                             static_cast<std::uint32_t>(w)))
-          ok = false;
+        if (p[w] != row_word(t, r, static_cast<std::uint32_t>(w))) ok = false;
     }
     ok = __all_sync(0xffffffffu, ok);
     if (!ok && lane == 0) {

@@ -157,6 +157,23 @@ __global__ void query_kernel(step_state st, unsigned source, int* seg_begin, int
 
 /// Index scores of every visible stored row of every live entry, from the keys in HBM:
 /// scores[e * max_rows + r] = scale * dot(q, key). Grid (ceil(max_rows / 256), cap), 256 threads.
+/// The integer dot product of a query (index_dims ints, in shared memory) with one stored index
+/// key (index_dims int8 values, 16-byte aligned), read 16 bytes at a time.
+__device__ inline int key_dot(const int* q, const std::int8_t* stored) {
+  const uint4* key = reinterpret_cast<const uint4*>(stored);
+  int dot = 0;
+#pragma unroll
+  for (unsigned v = 0; v < index_dims / 16; ++v) {
+    const uint4 k4 = key[v];
+    const unsigned parts[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+    for (unsigned p = 0; p < 4; ++p)
+#pragma unroll
+      for (unsigned b = 0; b < 4; ++b) dot += q[v * 16 + p * 4 + b] * key_dim(parts[p] >> (8 * b));
+  }
+  return dot;
+}
+
 template <int = 0>
 __global__ void score_kernel(step_state st, unsigned source, float* scores) {
   const unsigned e = blockIdx.y;
@@ -169,19 +186,8 @@ __global__ void score_kernel(step_state st, unsigned source, float* scores) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= visible_rows(st, slot)) return;
   const std::size_t at = (static_cast<std::size_t>(source) * st.cap + slot) * st.max_rows + static_cast<std::size_t>(r);
-  const uint4* key = reinterpret_cast<const uint4*>(st.keys + at * index_dims);
-  int dot = 0;
-#pragma unroll
-  for (unsigned v = 0; v < index_dims / 16; ++v) {
-    const uint4 k4 = key[v];
-    const unsigned parts[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-    for (unsigned p = 0; p < 4; ++p)
-#pragma unroll
-      for (unsigned b = 0; b < 4; ++b)
-        dot += q[v * 16 + p * 4 + b] * key_dim(parts[p] >> (8 * b));
-  }
-  scores[static_cast<std::size_t>(e) * st.max_rows + static_cast<std::size_t>(r)] = static_cast<float>(dot) * st.scales[at];
+  scores[static_cast<std::size_t>(e) * st.max_rows + static_cast<std::size_t>(r)] =
+      static_cast<float>(key_dot(q, st.keys + at * index_dims)) * st.scales[at];
 }
 
 /// The sort's values: row r at e * max_rows + r (constant; set once).
@@ -223,20 +229,27 @@ __global__ void gather_top_k_kernel(step_state st, const int* sorted_rows, unsig
 
 /// Resident "resolve": every selected row is in HBM at slot * max_rows + row. Counts the selected
 /// entries (all direct) into counters[0] and [1].
-template <int = 0>
-__global__ void resident_locations_kernel(step_state st, unsigned k, batch_out b, unsigned long long* counters) {
-  const unsigned e = blockIdx.x;
-  if (e >= *st.count || st.slots[e] < 0) return;
-  const std::int32_t slot = st.slots[e];
+/// One selection's resident locations (row r of `slot` at slot * max_rows + r), counted into
+/// counters[0] (selected) and [1] (direct); the block's threads share the k entries.
+__device__ inline void write_resident_locations(std::int32_t slot, std::int64_t max_rows,
+                                                const dhisparse::row_index* selection, dhisparse::location* locations,
+                                                unsigned k, unsigned long long* counters) {
   unsigned selected = 0;
   for (unsigned i = threadIdx.x; i < k; i += blockDim.x) {
-    const auto r = b.selections[static_cast<std::size_t>(e) * k + i];
-    b.locations[static_cast<std::size_t>(e) * k + i] =
-        r < 0 ? dhisparse::no_location : static_cast<dhisparse::location>(static_cast<std::int64_t>(slot) * st.max_rows + r);
+    const auto r = selection[i];
+    locations[i] = r < 0 ? dhisparse::no_location : static_cast<dhisparse::location>(slot * max_rows + r);
     selected += r >= 0 ? 1u : 0u;
   }
   atomicAdd(&counters[0], static_cast<unsigned long long>(selected));
   atomicAdd(&counters[1], static_cast<unsigned long long>(selected));
+}
+
+template <int = 0>
+__global__ void resident_locations_kernel(step_state st, unsigned k, batch_out b, unsigned long long* counters) {
+  const unsigned e = blockIdx.x;
+  if (e >= *st.count || st.slots[e] < 0) return;
+  const std::size_t at = static_cast<std::size_t>(e) * k;
+  write_resident_locations(st.slots[e], st.max_rows, b.selections + at, b.locations + at, k, counters);
 }
 
 /// Adds resolve entry stats ([n], selected/direct/hot/host/rows_copied first in each 32-byte entry)

@@ -136,18 +136,8 @@ __global__ void spec_score_kernel(step_state st, spec_state sp, unsigned source,
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= st.tokens[slot] + j + 1) return;
   const std::size_t at = (static_cast<std::size_t>(source) * st.cap + slot) * st.max_rows + static_cast<std::size_t>(r);
-  const uint4* key = reinterpret_cast<const uint4*>(st.keys + at * index_dims);
-  int dot = 0;
-#pragma unroll
-  for (unsigned v = 0; v < index_dims / 16; ++v) {
-    const uint4 k4 = key[v];
-    const unsigned parts[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-    for (unsigned p = 0; p < 4; ++p)
-#pragma unroll
-      for (unsigned b = 0; b < 4; ++b) dot += qv[v * 16 + p * 4 + b] * key_dim(parts[p] >> (8 * b));
-  }
-  scores[static_cast<std::size_t>(q) * st.max_rows + static_cast<std::size_t>(r)] = static_cast<float>(dot) * st.scales[at];
+  scores[static_cast<std::size_t>(q) * st.max_rows + static_cast<std::size_t>(r)] =
+      static_cast<float>(key_dot(qv, st.keys + at * index_dims)) * st.scales[at];
 }
 
 /// The K top-k selections of entry blockIdx.x (query blockIdx.y) from the sorted segments, -1
@@ -178,16 +168,8 @@ __global__ void spec_resident_locations_kernel(step_state st, spec_state sp, uns
                                                unsigned long long* counters) {
   const unsigned e = blockIdx.x, q = e * sp.block + blockIdx.y;
   if (e >= *st.count || st.slots[e] < 0) return;
-  const std::int32_t slot = st.slots[e];
-  unsigned selected = 0;
-  for (unsigned i = threadIdx.x; i < k; i += blockDim.x) {
-    const auto r = v.selections[static_cast<std::size_t>(q) * k + i];
-    v.locations[static_cast<std::size_t>(q) * k + i] =
-        r < 0 ? dhisparse::no_location : static_cast<dhisparse::location>(static_cast<std::int64_t>(slot) * st.max_rows + r);
-    selected += r >= 0 ? 1u : 0u;
-  }
-  atomicAdd(&counters[0], static_cast<unsigned long long>(selected));
-  atomicAdd(&counters[1], static_cast<unsigned long long>(selected));
+  const std::size_t at = static_cast<std::size_t>(q) * k;
+  write_resident_locations(st.slots[e], st.max_rows, v.selections + at, v.locations + at, k, counters);
 }
 
 /// Adds verify entry stats (12 words each: selected, direct, block, hot, host, ...) into the

@@ -1061,36 +1061,12 @@ class hierarchy {
   /// by batched writes are absorbed first (a stream sync when there are any). Returns the evicted prefixes.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
     absorb(stream_);
-    const std::size_t slot = registry_.slot(id);
-    if (prefixes_.contains(prefix)) throw duplicate_prefix("prefix " + std::to_string(prefix) + " is already retained");
-    if (rows.size() != sources)
-      throw size_mismatch("retain_prefix " + std::to_string(prefix) + " gives rows for " + std::to_string(rows.size()) +
-                          " sources, the layout has " + std::to_string(sources));
-    std::array<std::int64_t, sources> r{};
-    std::array<std::vector<page_id>, sources> pages;
-    for (std::size_t s = 0; s < sources; ++s) {
-      const std::int64_t f = src_[s].books.slot(slot).frontier;
-      if (rows[s] < 0)
-        throw position_out_of_range("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
-                                    " rows on source " + std::to_string(s));
-      if (rows[s] > f)
-        throw position_beyond_frontier("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
-                                       " rows on source " + std::to_string(s) + ", request " + std::to_string(id) +
-                                       " stores " + std::to_string(f));
-      r[s] = rows[s];
-      pages[s] = src_[s].books.history_pages(slot, rows[s]);
-    }
-    auto victims = prefixes_.plan_retain(prefix, pages);
-    prefixes_.retain(prefix, r, std::move(pages), victims, books_of_source());
-    return victims;
+    return prefixes_.retain_rows(prefix, id, registry_.slot(id), rows, books_of_source());
   }
   /// Retains a request's whole stored history on every source.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
     absorb(stream_);
-    const std::size_t slot = registry_.slot(id);
-    std::array<std::int64_t, sources> rows{};
-    for (std::size_t s = 0; s < sources; ++s) rows[s] = src_[s].books.slot(slot).frontier;
-    return retain_prefix(prefix, id, rows);
+    return prefixes_.retain_stored(prefix, id, registry_.slot(id), books_of_source());
   }
 
   /// Admits a request on retained prefix `prefix` (`host_hierarchy::admit(id, prefix)`): the

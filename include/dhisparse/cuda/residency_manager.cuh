@@ -1111,35 +1111,21 @@ class residency_manager {
   /// it is a victim or already being reclaimed. `freed`: the pages they free. nullopt when all cannot.
   std::optional<std::vector<request_books*>> pick_victims(const std::array<std::size_t, sources>& deficit,
                                                           std::array<std::size_t, sources>& freed) {
-    auto covers = [&] {
+    if constexpr (traits::pins_history) {  // pinned pages are never reclaimed
       for (std::size_t s = 0; s < sources; ++s)
-        if (freed[s] < deficit[s]) return false;
-      return true;
-    };
-    std::vector<request_books*> victims;
-    if (covers()) return victims;
-    if constexpr (traits::pins_history) return std::nullopt;  // pinned pages are never reclaimed
-    std::array<std::unordered_map<std::int32_t, std::uint32_t>, sources> dropped;
-    auto visit = [&](request_books& b) {
-      if (covers() || b.reclaiming) return;
-      std::size_t total = 0;
-      for (std::size_t s = 0; s < sources; ++s) total += b.mapped[s];
-      if (total == 0) return;  // holds nothing: not one of the q
-      victims.push_back(&b);
-      for (std::size_t s = 0; s < sources; ++s)
-        for (const auto& e : b.pages[s]) {
-          if (e.state == page_state::absent) continue;
-          const auto r = reclaimers_[s].find(e.pool);
-          const std::uint32_t already = r == reclaimers_[s].end() ? 0 : r->second;
-          if (++dropped[s][e.pool] + already == h_.optional_page_refs(s, e.pool)) ++freed[s];
-        }
-    };
-    if constexpr (traits::order == reclaim_order::most_recent_first)
-      for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
-    else
-      for (auto& [seq, b] : by_seq_) visit(b);
-    if (!covers()) return std::nullopt;
-    return victims;
+        if (freed[s] < deficit[s]) return std::nullopt;
+      return std::vector<request_books*>{};
+    }
+    return dhisparse::detail::pick_whole_requests<traits::order>(
+        by_seq_, deficit, freed, [](const request_books& b) { return b.reclaiming; },
+        [](const request_books& b, std::size_t s, auto&& f) {
+          for (const auto& e : b.pages[s])
+            if (e.state != page_state::absent) f(e.pool);
+        },
+        [&](std::size_t s, std::int32_t g) {  // requests mapping g that are not being reclaimed already
+          const auto r = reclaimers_[s].find(g);
+          return h_.optional_page_refs(s, g) - (r == reclaimers_[s].end() ? 0u : r->second);
+        });
   }
 
   /// Backs up, on the step stream, the device-only pages a new prefix retains (admissions on it

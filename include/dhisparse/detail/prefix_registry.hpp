@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -102,6 +103,44 @@ class prefix_registry {
                                    "evicted: " + need + " pages");
     }
     return victims;
+  }
+
+  /// Both hierarchies' `retain_prefix`: validates the first `rows[s]` stored rows of the request in
+  /// `slot` on each source against its books (size_mismatch: not one entry per source,
+  /// position_out_of_range: negative, position_beyond_frontier: past the stored rows), plans the
+  /// evictions (duplicate_prefix, prefix_budget_exceeded) and retains; nothing changes on an error.
+  /// `books(s)` is source s's history_books. Returns the evicted prefixes, least recently used first.
+  template <class Books>
+  std::vector<prefix_id> retain_rows(prefix_id id, request_id request, std::size_t slot,
+                                     std::span<const std::int64_t> rows, Books&& books) {
+    if (contains(id)) throw duplicate_prefix("prefix " + std::to_string(id) + " is already retained");
+    if (rows.size() != Sources)
+      throw size_mismatch("retain_prefix " + std::to_string(id) + " gives rows for " + std::to_string(rows.size()) +
+                          " sources, the layout has " + std::to_string(Sources));
+    std::array<std::int64_t, Sources> r{};
+    std::array<std::vector<page_id>, Sources> pages;
+    for (std::size_t s = 0; s < Sources; ++s) {
+      const std::int64_t f = books(s).slot(slot).frontier;
+      if (rows[s] < 0)
+        throw position_out_of_range("retain_prefix " + std::to_string(id) + " of " + std::to_string(rows[s]) +
+                                    " rows on source " + std::to_string(s));
+      if (rows[s] > f)
+        throw position_beyond_frontier("retain_prefix " + std::to_string(id) + " of " + std::to_string(rows[s]) +
+                                       " rows on source " + std::to_string(s) + ", request " +
+                                       std::to_string(request) + " stores " + std::to_string(f));
+      r[s] = rows[s];
+      pages[s] = books(s).history_pages(slot, rows[s]);
+    }
+    auto victims = plan_retain(id, pages);
+    retain(id, r, std::move(pages), victims, books);
+    return victims;
+  }
+  /// `retain_rows` of the request's whole stored history on every source.
+  template <class Books>
+  std::vector<prefix_id> retain_stored(prefix_id id, request_id request, std::size_t slot, Books&& books) {
+    std::array<std::int64_t, Sources> rows{};
+    for (std::size_t s = 0; s < Sources; ++s) rows[s] = books(s).slot(slot).frontier;
+    return retain_rows(id, request, slot, rows, books);
   }
 
   /// Evicts `victims` (from `plan_retain`), then records prefix `id` and takes a reference on each

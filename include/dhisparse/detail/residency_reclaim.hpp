@@ -2,7 +2,8 @@
 /// \file
 /// Whole-request reclaim choice, shared by the host and CUDA residency managers (paper §3.2):
 /// walk admitted requests in the policy's reclaim order, pass over those holding no optional
-/// page, and take the first q whose pages together cover the deficit of every source. A request is
+/// page, and take the first q whose pages together free enough to cover the deficit of every
+/// source (a page shared through a prefix frees only with all its mappers). A request is
 /// reclaimed whole (every page, every source), never trimmed.
 #include <algorithm>
 #include <array>
@@ -10,7 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "../policies/residency.hpp"
@@ -38,26 +39,42 @@ std::array<std::size_t, Sources> residency_deficit(const std::array<std::size_t,
   return d;
 }
 
-/// `held[i]`: optional pages held on each source by the i-th candidate, candidates in reclaim
-/// order. Returns the indices of the first q candidates holding pages that cover every
-/// `deficit[s]` (empty when nothing is short), or nullopt when all of them together cannot.
-template <std::size_t Sources>
-std::optional<std::vector<std::size_t>> pick_whole_requests(std::span<const std::array<std::size_t, Sources>> held,
-                                                            const std::array<std::size_t, Sources>& deficit) {
-  std::array<std::size_t, Sources> covered{};
+/// The whole requests to reclaim (both managers' choice, sharing-aware): walks `by_seq` in the
+/// policy's reclaim order, passes over requests that `skip` or that hold no optional page
+/// (`b.mapped`), and takes the first q until the pool pages they free cover every `deficit[s]`.
+/// A pool page frees only when every request that maps it and is not being reclaimed already is a
+/// victim: `pool_pages(b, s, f)` calls `f(g)` for each pool page `g` request `b` maps on source
+/// `s`, and `mappers(s, g)` counts the requests left to drop it. `freed` starts at what is freed
+/// already and ends at what the victims add. Returns the victims (empty when nothing is short),
+/// or nullopt when all of them together cannot cover the deficit.
+template <reclaim_order Order, std::size_t Sources, class Books, class Skip, class PoolPages, class Mappers>
+std::optional<std::vector<Books*>> pick_whole_requests(std::map<std::uint64_t, Books>& by_seq,
+                                                       const std::array<std::size_t, Sources>& deficit,
+                                                       std::array<std::size_t, Sources>& freed, Skip&& skip,
+                                                       PoolPages&& pool_pages, Mappers&& mappers) {
   auto covers = [&] {
     for (std::size_t s = 0; s < Sources; ++s)
-      if (covered[s] < deficit[s]) return false;
+      if (freed[s] < deficit[s]) return false;
     return true;
   };
-  std::vector<std::size_t> victims;
-  for (std::size_t i = 0; i < held.size() && !covers(); ++i) {
+  std::vector<Books*> victims;
+  std::array<std::unordered_map<std::int32_t, std::uint32_t>, Sources> dropped;  // victims mapping each page
+  auto visit = [&](Books& b) {
+    if (covers() || skip(b)) return;
     std::size_t total = 0;
-    for (std::size_t s = 0; s < Sources; ++s) total += held[i][s];
-    if (total == 0) continue;  // holds nothing: not one of the q
-    victims.push_back(i);
-    for (std::size_t s = 0; s < Sources; ++s) covered[s] += held[i][s];
-  }
+    for (std::size_t s = 0; s < Sources; ++s) total += b.mapped[s];
+    if (total == 0) return;  // holds nothing: not one of the q
+    victims.push_back(&b);
+    for (std::size_t s = 0; s < Sources; ++s)
+      pool_pages(b, s, [&](std::int32_t g) {
+        if (++dropped[s][g] == mappers(s, g)) ++freed[s];
+      });
+  };
+  if (covers()) return victims;
+  if constexpr (Order == reclaim_order::most_recent_first)
+    for (auto it = by_seq.rbegin(); it != by_seq.rend(); ++it) visit(it->second);
+  else
+    for (auto& [seq, b] : by_seq) visit(b);
   if (!covers()) return std::nullopt;
   return victims;
 }

@@ -206,35 +206,11 @@ class host_hierarchy {
   /// position_out_of_range (negative), position_beyond_frontier (past the stored rows),
   /// prefix_budget_exceeded (does not fit even with every other prefix evicted).
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
-    const std::size_t slot = registry_.slot(id);
-    if (prefixes_.contains(prefix)) throw duplicate_prefix("prefix " + std::to_string(prefix) + " is already retained");
-    if (rows.size() != sources)
-      throw size_mismatch("retain_prefix " + std::to_string(prefix) + " gives rows for " + std::to_string(rows.size()) +
-                          " sources, the layout has " + std::to_string(sources));
-    std::array<std::int64_t, sources> r{};
-    std::array<std::vector<page_id>, sources> pages;
-    for (std::size_t s = 0; s < sources; ++s) {
-      const std::int64_t f = src_[s].books.slot(slot).frontier;
-      if (rows[s] < 0)
-        throw position_out_of_range("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
-                                    " rows on source " + std::to_string(s));
-      if (rows[s] > f)
-        throw position_beyond_frontier("retain_prefix " + std::to_string(prefix) + " of " + std::to_string(rows[s]) +
-                                       " rows on source " + std::to_string(s) + ", request " + std::to_string(id) +
-                                       " stores " + std::to_string(f));
-      r[s] = rows[s];
-      pages[s] = src_[s].books.history_pages(slot, rows[s]);
-    }
-    auto victims = prefixes_.plan_retain(prefix, pages);
-    prefixes_.retain(prefix, r, std::move(pages), victims, books_of_source());
-    return victims;
+    return prefixes_.retain_rows(prefix, id, registry_.slot(id), rows, books_of_source());
   }
   /// Retains a request's whole stored history on every source (`frontier(id, s)` rows each).
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
-    const std::size_t slot = registry_.slot(id);
-    std::array<std::int64_t, sources> rows{};
-    for (std::size_t s = 0; s < sources; ++s) rows[s] = src_[s].books.slot(slot).frontier;
-    return retain_prefix(prefix, id, rows);
+    return prefixes_.retain_stored(prefix, id, registry_.slot(id), books_of_source());
   }
 
   /// Admits a request whose history starts with retained prefix `prefix`: on each source it shares
@@ -422,20 +398,8 @@ class host_hierarchy {
   /// nothing changes on an error. Items of 0 rows are skipped.
   void append(std::size_t source, std::span<const write_item> batch) {
     check_source(source);
-    const auto& d = Layout::sources[source];
-    auto& books = src_[source].books;
     const auto slots = batch_slots(batch, "append", [&](std::size_t slot, const write_item& item) {
-      const std::string who = "append of request " + std::to_string(item.request) + " to source " + std::to_string(source);
-      // Within the reservation (which never passes max_rows); the size math below cannot overflow then.
-      const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
-      if (item.count > room)
-        throw capacity_exceeded(who + " of " + std::to_string(item.count) + " rows would pass its " +
-                                std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
-                                " left; reserve_rows first, at most max_rows)");
-      if (item.rows.size() != item.count * d.payload_layers * d.row_bytes)
-        throw size_mismatch(who + " got " + std::to_string(item.rows.size()) + " bytes for " +
-                            std::to_string(item.count) + " rows, expected " +
-                            std::to_string(item.count * d.payload_layers * d.row_bytes));
+      check_reserved_write("append", item.request, source, slot, item.count, item.rows.size());
     });
     for (std::size_t b = 0; b < batch.size(); ++b)
       if (batch[b].count > 0) append_reserved(source, slots[b], batch[b].rows, batch[b].count);
@@ -447,14 +411,8 @@ class host_hierarchy {
   /// acceptance_beyond_block, completed rows past the reserved rows: capacity_exceeded).
   void commit(std::size_t source, std::span<const commit_item> batch) {
     check_speculative(source);
-    auto& books = src_[source].books;
     const auto slots = batch_slots(batch, "commit", [&](std::size_t slot, const commit_item& item) {
-      check_commit(item.request, source, slot, item.accepted);
-      const std::int64_t last = committed_rows_after(source, slot, item.accepted);
-      if (last > books.reserved_rows(slot))
-        throw capacity_exceeded("commit of request " + std::to_string(item.request) + " on source " +
-                                std::to_string(source) + " would reach row " + std::to_string(last) + ", past its " +
-                                std::to_string(books.reserved_rows(slot)) + " reserved rows (reserve_rows first)");
+      check_reserved_commit("commit", item.request, source, slot, item.accepted);
     });
     for (std::size_t b = 0; b < batch.size(); ++b) commit_checked(source, slots[b], batch[b].accepted);
   }
@@ -468,19 +426,7 @@ class host_hierarchy {
   /// once (the host backend has no backup to join).
   void append_step(std::span<const step_write_item> batch) {
     const auto slots = step_slots(batch, "append_step", [&](std::size_t slot, const step_write_item& item) {
-      const auto& d = Layout::sources[item.source];
-      const auto& books = src_[item.source].books;
-      const std::string who =
-          "append_step of request " + std::to_string(item.request) + " to source " + std::to_string(item.source);
-      const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
-      if (item.count > room)
-        throw capacity_exceeded(who + " of " + std::to_string(item.count) + " rows would pass its " +
-                                std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
-                                " left; reserve_rows first, at most max_rows)");
-      if (item.rows.size() != item.count * d.payload_layers * d.row_bytes)
-        throw size_mismatch(who + " got " + std::to_string(item.rows.size()) + " bytes for " +
-                            std::to_string(item.count) + " rows, expected " +
-                            std::to_string(item.count * d.payload_layers * d.row_bytes));
+      check_reserved_write("append_step", item.request, item.source, slot, item.count, item.rows.size());
     });
     for (std::size_t b = 0; b < batch.size(); ++b)
       if (batch[b].count > 0) append_reserved(batch[b].source, slots[b], batch[b].rows, batch[b].count);
@@ -495,14 +441,7 @@ class host_hierarchy {
   void commit_step(std::span<const step_commit_item> batch) {
     if (cfg_.max_block < 2) check_speculative(0);
     const auto slots = step_slots(batch, "commit_step", [&](std::size_t slot, const step_commit_item& item) {
-      check_commit(item.request, item.source, slot, item.accepted);
-      const std::int64_t last = committed_rows_after(item.source, slot, item.accepted);
-      const auto& books = src_[item.source].books;
-      if (last > books.reserved_rows(slot))
-        throw capacity_exceeded("commit_step of request " + std::to_string(item.request) + " on source " +
-                                std::to_string(item.source) + " would reach row " + std::to_string(last) +
-                                ", past its " + std::to_string(books.reserved_rows(slot)) +
-                                " reserved rows (reserve_rows first)");
+      check_reserved_commit("commit_step", item.request, item.source, slot, item.accepted);
     });
     for (std::size_t b = 0; b < batch.size(); ++b) commit_checked(batch[b].source, slots[b], batch[b].accepted);
   }
@@ -1037,6 +976,35 @@ class host_hierarchy {
       if (reinterpret_cast<std::uintptr_t>(stores[s].data()) % host_store_alignment != 0)
         throw invalid_configuration(who + " is not " + std::to_string(host_store_alignment) + "-byte aligned");
     }
+  }
+  /// A batched write's checks of one (request, source): the rows fit its reservation (which never
+  /// passes max_rows, so the size math cannot overflow) and the byte count is `count` rows.
+  void check_reserved_write(const char* call, request_id request, std::size_t source, std::size_t slot,
+                            std::size_t count, std::size_t bytes) const {
+    const auto& d = Layout::sources[source];
+    const auto& books = src_[source].books;
+    const std::string who =
+        std::string(call) + " of request " + std::to_string(request) + " to source " + std::to_string(source);
+    const auto room = static_cast<std::size_t>(books.reserved_rows(slot) - books.slot(slot).frontier);
+    if (count > room)
+      throw capacity_exceeded(who + " of " + std::to_string(count) + " rows would pass its " +
+                              std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
+                              " left; reserve_rows first, at most max_rows)");
+    if (bytes != count * d.payload_layers * d.row_bytes)
+      throw size_mismatch(who + " got " + std::to_string(bytes) + " bytes for " + std::to_string(count) +
+                          " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
+  }
+  /// A batched commit's checks of one (request, source): a verified round, the acceptance within
+  /// it, and the completed rows within the reservation.
+  void check_reserved_commit(const char* call, request_id request, std::size_t source, std::size_t slot,
+                             std::size_t accepted) const {
+    check_commit(request, source, slot, accepted);
+    const std::int64_t last = committed_rows_after(source, slot, accepted);
+    const auto reserved = src_[source].books.reserved_rows(slot);
+    if (last > reserved)
+      throw capacity_exceeded(std::string(call) + " of request " + std::to_string(request) + " on source " +
+                              std::to_string(source) + " would reach row " + std::to_string(last) + ", past its " +
+                              std::to_string(reserved) + " reserved rows (reserve_rows first)");
   }
   void check_host_page(std::size_t source, page_id page) const {
     check_source(source);

@@ -610,32 +610,19 @@ class residency_manager {
   /// every source's deficit: a request holding optional pages is one of the q; a pool page it
   /// shares is freed only once every request mapping it is among them. nullopt when all cannot.
   std::optional<std::vector<request_books*>> pick_victims(const std::array<std::size_t, sources>& deficit) {
+    if constexpr (traits::pins_history) {  // pinned pages are never reclaimed
+      for (std::size_t s = 0; s < sources; ++s)
+        if (deficit[s] > 0) return std::nullopt;
+      return std::vector<request_books*>{};
+    }
     std::array<std::size_t, sources> freed{};
-    auto covers = [&] {
-      for (std::size_t s = 0; s < sources; ++s)
-        if (freed[s] < deficit[s]) return false;
-      return true;
-    };
-    std::vector<request_books*> victims;
-    if (covers()) return victims;
-    if constexpr (traits::pins_history) return std::nullopt;  // pinned pages are never reclaimed
-    std::array<std::unordered_map<std::int32_t, std::uint32_t>, sources> dropped;
-    auto visit = [&](request_books& b) {
-      if (covers()) return;
-      std::size_t total = 0;
-      for (std::size_t s = 0; s < sources; ++s) total += b.mapped[s];
-      if (total == 0) return;  // holds nothing: not one of the q
-      victims.push_back(&b);
-      for (std::size_t s = 0; s < sources; ++s)
-        for (const std::int32_t g : h_.optional_map_of(b.id, s))
-          if (g >= 0 && ++dropped[s][g] == h_.optional_page_refs(s, g)) ++freed[s];
-    };
-    if constexpr (traits::order == reclaim_order::most_recent_first)
-      for (auto it = by_seq_.rbegin(); it != by_seq_.rend(); ++it) visit(it->second);
-    else
-      for (auto& [seq, b] : by_seq_) visit(b);
-    if (!covers()) return std::nullopt;
-    return victims;
+    return detail::pick_whole_requests<traits::order>(
+        by_seq_, deficit, freed, [](const request_books&) { return false; },
+        [&](const request_books& b, std::size_t s, auto&& f) {
+          for (const std::int32_t g : h_.optional_map_of(b.id, s))
+            if (g >= 0) f(g);
+        },
+        [&](std::size_t s, std::int32_t g) { return h_.optional_page_refs(s, g); });
   }
   /// Maps one complete page if the ledger allows it (spare pages, or the pinned reservation; a page
   /// another request already maps takes no pool page, so it needs no spare one).
