@@ -5,8 +5,10 @@
 // arenas shared by every source. Rounds move from source to source as an engine moves through its
 // layer groups: verify a source (producer-only now and then, followers copied later), check every
 // returned location, release the arenas, go on with the next source. Checked after every round:
-// the same locations, the same bytes at every location (and the committed content for committed
-// rows), the same hot rows and LRU order, and that every hot-cache row of every source still holds
+// the same locations (staged rows at the shared layout's staging locations, computed here from
+// the layout: each source's arena follows the pools of the sources with at least as many payload
+// layers, 256-byte aligned), the same bytes at every location, also read as a stock kernel would
+// at `pool(s, l) + loc * row_bytes` (and the committed content for committed rows), the same hot rows and LRU order, and that every hot-cache row of every source still holds
 // its exact bytes after other sources overwrote the arenas (promoted rows live at stable
 // addresses). Misuse is typed and changes nothing: a verify while another source holds the arenas,
 // a release or a staging read by a source that does not hold them, a release before the followers
@@ -45,6 +47,20 @@ constexpr std::size_t kRounds = 4'000;
 #else
 constexpr std::size_t kRounds = 100'000;
 #endif
+
+/// First staging location of source `s` with shared arenas, from the layout alone: block l holds
+/// the layer-l pools of source 1 (32 B rows, 1 layer), then of source 0 (64 B rows, 2 layers), then
+/// the arena; source 0's pool ends where the arena starts, rounded up to 256 bytes and to its row,
+/// and source 1's pool ends where source 0's begins, rounded likewise.
+std::size_t shared_staging_begin(const location_space& sp, std::size_t s) {
+  static_assert(L::sources[0].row_bytes == 64 && L::sources[1].row_bytes == 32 && L::sources[0].payload_layers == 2 &&
+                L::sources[1].payload_layers == 1);
+  const std::size_t rows = sp.slots * (sp.hot_rows + sp.tail_rows) + sp.optional_pages * sp.page_rows;
+  const auto up256 = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  const std::size_t d0 = up256(rows * 64);       // bytes from source 0's pool to the arena
+  const std::size_t d1 = up256(d0 + rows * 32);  // from source 1's pool
+  return s == 0 ? d0 / 64 : d1 / 32;
+}
 
 hierarchy_config config() {
   hierarchy_config c;
@@ -110,7 +126,10 @@ class lockstep {
     const auto hot_before = sh_.hot_rows_of(reqs_[0].id, other);
     const std::vector<row_index> hot_copy(hot_before.begin(), hot_before.end());
     REQUIRE_THROWS_AS(sh_.release_staging(other), staging_not_held);
-    REQUIRE_THROWS_AS(sh_.payload(other, 0, sh_.space().staging(0, 0)), staging_not_held);
+    REQUIRE_THROWS_AS(sh_.payload(other, 0, sh_.space(other).staging(0, 0)), staging_not_held);
+    // the gap between a source's pool and its staging rows holds no location of the source
+    if (shared_staging_begin(ded_.space(), other) > ded_.space().pool_rows())
+      REQUIRE_THROWS_AS(sh_.payload(other, 0, static_cast<location>(ded_.space().pool_rows())), position_out_of_range);
     // a verify of the other source (a staged block and a valid query) must wait for the release
     auto& rq = reqs_[0];
     stage(rq, other);
@@ -229,9 +248,19 @@ class lockstep {
     CHECK(st_d.rows_copied == st_s.rows_copied);
     CHECK(st_d.staging_rows == st_s.staging_rows);
     staged_entries_ += st_s.staged;
-    REQUIRE(loc_d == loc_s);
+    // the same locations, staged rows moved from dedicated staging to the shared layout's
+    const auto& sp = ded_.space();
+    const std::size_t shift = shared_staging_begin(sp, s) - sp.staging_begin();
+    CHECK(sh_.space(s).staging_begin() == shared_staging_begin(sp, s));
+    auto want_s = loc_d;
+    for (auto& per_req : want_s)
+      for (auto& q : per_req)
+        for (auto& at : q)
+          if (at != no_location && static_cast<std::size_t>(at) >= sp.staging_begin()) at += static_cast<location>(shift);
+    REQUIRE(want_s == loc_s);
     last_.queries = queries;
     last_.locs = loc_s;
+    last_.locs_d = loc_d;
     last_.tags.assign(reqs_.size(), {});
     for (std::size_t b = 0; b < reqs_.size(); ++b)
       for (const auto& q : queries[b]) {
@@ -257,6 +286,7 @@ class lockstep {
   void check_locations(std::size_t s, std::size_t l) {
     const auto& queries = last_.queries;
     const auto& locs = last_.locs;
+    const std::size_t rb = L::sources[s].row_bytes;
     for (std::size_t b = 0; b < reqs_.size(); ++b)
       for (std::size_t j = 0; j < queries[b].size(); ++j)
         for (std::size_t i = 0; i < queries[b][j].size(); ++i) {
@@ -267,8 +297,11 @@ class lockstep {
             continue;
           }
           const auto got = sh_.payload(s, l, at);
-          REQUIRE(std::equal(got.begin(), got.end(), ded_.payload(s, l, at).begin()));
+          REQUIRE(std::equal(got.begin(), got.end(), ded_.payload(s, l, last_.locs_d[b][j][i]).begin()));
           REQUIRE(row_matches(got, last_.tags[b][j][i], s, l, e));
+          // a stock kernel: one base per layer, no branch on the location
+          const std::span<const std::byte> flat(sh_.pool(s, l) + static_cast<std::size_t>(at) * rb, rb);
+          REQUIRE(row_matches(flat, last_.tags[b][j][i], s, l, e));
         }
   }
 
@@ -301,7 +334,8 @@ class lockstep {
   std::array<bool, S> pending_followers_{};
   struct {
     std::vector<std::vector<std::vector<row_index>>> queries;
-    std::vector<std::vector<std::vector<location>>> locs;
+    std::vector<std::vector<std::vector<location>>> locs;    // the shared hierarchy's
+    std::vector<std::vector<std::vector<location>>> locs_d;  // the dedicated one's
     std::vector<std::vector<std::vector<std::uint64_t>>> tags;  // content of each entry's row at verify time
   } last_;
   std::size_t staged_entries_ = 0, in_use_probes_ = 0;
@@ -330,6 +364,14 @@ TEST_CASE("shared staging arenas: memory is chi arenas of the widest row instead
   CHECK(Dedicated::requirements(c).pool_bytes == ded.pool_bytes());
   CHECK(Dedicated::requirements(c).staging_arena_bytes == 0);
   CHECK(Shared::requirements(c).host_store_bytes == Dedicated::requirements(c).host_store_bytes);
+  // the one-block-per-layer layout pads each pool to 256 bytes (block 0: both sources; block 1: source 0)
+  const std::size_t rows = sh.space().pool_rows();
+  const auto up256 = [](std::size_t x) { return (x + 255) / 256 * 256; };
+  const std::size_t arena = up256(c.max_requests * per_slot * 64);
+  const std::size_t block0 = up256(up256(rows * 64) + rows * 32) + arena, block1 = up256(rows * 64) + arena;
+  CHECK(Shared::requirements(c).staging_padding_bytes == sh.staging_padding_bytes());
+  CHECK(sh.staging_padding_bytes() == block0 + block1 - sh.pool_bytes() - sh.staging_arena_bytes());
+  CHECK(Dedicated::requirements(c).staging_padding_bytes == 0);
 
   // M_stage as the planner counts it: chi * K_max * k * d_KV per session, N sessions.
   const auto shape = shape_of<layouts::glm53>();

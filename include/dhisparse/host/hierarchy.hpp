@@ -39,6 +39,7 @@
 #include "../detail/lru_order.hpp"
 #include "../detail/prefix_registry.hpp"
 #include "../detail/request_registry.hpp"
+#include "../detail/staging_blocks.hpp"
 #include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
 #include "../hierarchy_types.hpp"
@@ -86,6 +87,9 @@ struct stage_item {
 struct host_memory_requirements {
   std::size_t pool_bytes = 0;           ///< the simulated GPU pools of every payload layer
   std::size_t staging_arena_bytes = 0;  ///< shared staging arenas (staging_arenas<chi>; 0 otherwise)
+  /// Alignment padding of the `staging_arenas<chi>` layout, which carves every pool and arena of
+  /// payload-layer index l from one block (0 with dedicated staging).
+  std::size_t staging_padding_bytes = 0;
   std::size_t host_store_bytes = 0;     ///< the paged host stores of every source
 };
 
@@ -132,7 +136,10 @@ class host_hierarchy {
       r.pool_bytes += d.payload_layers * pool_rows_of(sp) * d.row_bytes;
       r.host_store_bytes += host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
     }
-    if constexpr (Staging::shared) r.staging_arena_bytes = Staging::arenas * arena_bytes(c);
+    if constexpr (Staging::shared) {
+      r.staging_arena_bytes = Staging::arenas * arena_bytes(c);
+      r.staging_padding_bytes = blocks_for(c).total_bytes - r.pool_bytes - r.staging_arena_bytes;
+    }
     return r;
   }
 
@@ -162,8 +169,23 @@ class host_hierarchy {
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
-  /// Location geometry of the payload pools (the same for every source).
+  /// Location geometry of the payload pools shared by every source: hot-cache, tail and optional
+  /// locations. Staging locations differ by source with `staging_arenas<chi>`: use `space(source)`.
   [[nodiscard]] const location_space& space() const { return space_; }
+  /// Location geometry of `source`, staging locations included (`space()` plus the source's
+  /// `staging_gap`, 0 with dedicated staging).
+  [[nodiscard]] const location_space& space(std::size_t source) const {
+    check_source(source);
+    return src_[source].space;
+  }
+  /// Base of payload layer `layer` of `source` in the simulated GPU memory: every location the
+  /// hierarchy returns for the source, staging locations included, holds its row at
+  /// `pool(source, layer) + loc * row_bytes` (what a stock attention kernel reads, with no branch).
+  /// Staging rows are meaningful only while the source holds the shared arenas.
+  [[nodiscard]] const std::byte* pool(std::size_t source, std::size_t layer) const {
+    check_layer(source, layer);
+    return layer_base(source, layer);
+  }
   /// True while `id` is admitted.
   [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
   /// Request slot of an admitted request; throws unknown_request otherwise.
@@ -691,15 +713,14 @@ class host_hierarchy {
   /// Bytes of every payload layer's pool (dedicated staging rows included; shared arenas: `staging_arena_bytes`).
   [[nodiscard]] std::size_t pool_bytes() const {
     std::size_t n = 0;
-    for (const auto& src : src_)
-      for (const auto& layer : src.pool) n += layer.size();
+    for (const auto& d : Layout::sources) n += d.payload_layers * pool_rows_of(space_) * d.row_bytes;
     return n;
   }
   /// Bytes of the shared staging arenas (0 with dedicated staging or without speculation).
-  [[nodiscard]] std::size_t staging_arena_bytes() const {
-    std::size_t n = 0;
-    for (const auto& a : arenas_) n += a.size();
-    return n;
+  [[nodiscard]] std::size_t staging_arena_bytes() const { return Staging::shared ? Staging::arenas * arena_bytes(cfg_) : 0; }
+  /// Alignment padding of the shared-arena layout (`requirements().staging_padding_bytes`; 0 with dedicated staging).
+  [[nodiscard]] std::size_t staging_padding_bytes() const {
+    return Staging::shared ? blocks_.size() - pool_bytes() - staging_arena_bytes() : 0;
   }
   /// Bytes of the paged host stores of every source (what `requirements().host_store_bytes` announced).
   [[nodiscard]] std::size_t host_store_bytes() const {
@@ -756,16 +777,14 @@ class host_hierarchy {
   /// Bytes attention reads at `loc` of a source's payload layer (the simulated GPU pool).
   [[nodiscard]] std::span<const std::byte> payload(std::size_t source, std::size_t layer, location loc) const {
     check_layer(source, layer);
-    if (loc < 0 || static_cast<std::size_t>(loc) >= space_.rows())
+    const location_space& sp = src_[source].space;
+    if (!sp.valid(loc))
       throw position_out_of_range("location " + std::to_string(loc) + " outside the pool's " +
-                                  std::to_string(space_.rows()) + " rows");
+                                  std::to_string(sp.pool_rows()) + " rows and staging locations [" +
+                                  std::to_string(sp.staging_begin()) + ", " + std::to_string(sp.rows()) + ")");
     const auto& d = Layout::sources[source];
-    const auto at = static_cast<std::size_t>(loc);
-    if (Staging::shared && at >= space_.staging_begin()) {
-      staging_.check_read(source);
-      return std::span<const std::byte>(arenas_[layer]).subspan((at - space_.staging_begin()) * d.row_bytes, d.row_bytes);
-    }
-    return std::span<const std::byte>(src_[source].pool[layer]).subspan(at * d.row_bytes, d.row_bytes);
+    if (Staging::shared && static_cast<std::size_t>(loc) >= sp.staging_begin()) staging_.check_read(source);
+    return {layer_base(source, layer) + static_cast<std::size_t>(loc) * d.row_bytes, d.row_bytes};
   }
   /// The host copy of a row (what recovery reads).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
@@ -801,7 +820,9 @@ class host_hierarchy {
   struct source_data {
     std::vector<std::byte> host_bytes;
     detail::history_books books;                // frontier, host pages and optional pages of every slot
-    std::vector<std::vector<std::byte>> pool;  // per payload layer: the simulated GPU pool
+    std::vector<std::vector<std::byte>> pool;  // dedicated staging: per payload layer, the simulated GPU pool
+    std::vector<std::size_t> block_offset;     // staging_arenas<chi>: per payload layer, its pool's offset in blocks_
+    location_space space{};                    // the hierarchy's space with this source's staging gap
     std::vector<bool> layer_pending;
     std::vector<slot_state> state;             // per request slot
     std::vector<planned_copy> plan;            // host copies of the last resolve
@@ -939,7 +960,19 @@ class host_hierarchy {
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
+    const detail::staging_blocks blocks = Staging::shared ? blocks_for(cfg_) : detail::staging_blocks{};
+    for (std::size_t s = 0; s < sources; ++s) {
+      src_[s].space = space_;
+      if constexpr (Staging::shared) {
+        src_[s].space.staging_gap = blocks.staging_gap[s];
+        if (!src_[s].space.addressable())
+          throw invalid_configuration("staging locations of source " + std::to_string(s) + " reach " +
+                                      std::to_string(src_[s].space.rows()) +
+                                      ", past int32 (staging_arenas<chi> places them past the pools of every source)");
+      }
+    }
     if (adopt) check_host_stores(host_stores);
+    if constexpr (Staging::shared) blocks_.assign(blocks.total_bytes, std::byte{0});
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
       auto& src = src_[s];
@@ -953,12 +986,15 @@ class host_hierarchy {
       }
       src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                         host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, store));
-      src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows_of(space_) * d.row_bytes));
+      if constexpr (Staging::shared) {
+        for (std::size_t l = 0; l < d.payload_layers; ++l) src.block_offset.push_back(blocks.pool_offset(s, l));
+      } else {
+        src.pool.assign(d.payload_layers, std::vector<std::byte>(pool_rows_of(space_) * d.row_bytes));
+      }
       src.layer_pending.assign(d.payload_layers, false);
       src.state.resize(cfg_.max_requests);
       for (auto& st : src.state) reset_hot(st);
     }
-    if constexpr (Staging::shared) arenas_.assign(Staging::arenas, std::vector<std::byte>(arena_bytes(cfg_)));
     prefixes_ = detail::prefix_registry<sources>(cfg_.host_pages, cfg_.prefix_pages);
   }
   /// The adopting constructor's checks (count, size, alignment), in the CUDA backend's order.
@@ -1030,16 +1066,28 @@ class host_hierarchy {
       throw invalid_source("payload layer " + std::to_string(layer) + " outside source " + std::to_string(source) +
                            "'s " + std::to_string(Layout::sources[source].payload_layers));
   }
+  /// Base of a payload layer (offsets, not pointers, are kept so that copies stay self-contained).
+  std::byte* layer_base(std::size_t source, std::size_t layer) {
+    if constexpr (Staging::shared) return blocks_.data() + src_[source].block_offset[layer];
+    else return src_[source].pool[layer].data();
+  }
+  const std::byte* layer_base(std::size_t source, std::size_t layer) const {
+    return const_cast<host_hierarchy*>(this)->layer_base(source, layer);
+  }
   std::byte* pool_row(std::size_t source, std::size_t layer, location loc) {
-    const auto at = static_cast<std::size_t>(loc);
-    const std::size_t row_bytes = Layout::sources[source].row_bytes;
-    if (Staging::shared && at >= space_.staging_begin())
-      return arenas_[layer].data() + (at - space_.staging_begin()) * row_bytes;  // layer l stages in arena l
-    return src_[source].pool[layer].data() + at * row_bytes;
+    // one formula for every location: shared arenas sit at the source's staging gap (staging_blocks.hpp)
+    return layer_base(source, layer) + static_cast<std::size_t>(loc) * Layout::sources[source].row_bytes;
   }
   /// Rows each payload layer's pool holds: the whole location range, less the staging rows when
   /// they live in shared arenas.
-  static std::size_t pool_rows_of(const location_space& sp) { return Staging::shared ? sp.staging_begin() : sp.rows(); }
+  static std::size_t pool_rows_of(const location_space& sp) { return Staging::shared ? sp.pool_rows() : sp.rows(); }
+  /// The shared-arena layout of `c` (normalised): one block per payload-layer index, the CUDA
+  /// backend's arithmetic, so both return the same staging locations.
+  static detail::staging_blocks blocks_for(const hierarchy_config& c) {
+    const location_space sp = make_space(c);
+    return detail::plan_staging_blocks(std::span<const source_desc>(Layout::sources), sp.pool_rows(),
+                                       sp.slots * sp.staging_rows, Staging::arenas);
+  }
   /// Pool geometry: with K_max > 1 the tail ring holds the committed window (T rows) plus one
   /// tentative block, and every slot has K_max * top_k staging rows.
   static location_space make_space(const hierarchy_config& c) {
@@ -1181,7 +1229,7 @@ class host_hierarchy {
         hot_slot[row] = static_cast<std::int64_t>(way);
         dst = space_.hot(slot, way);
       } else {
-        dst = space_.staging(slot, t - to_hot);  // |U| <= K_r * top_k: within the slot's staging
+        dst = src.space.staging(slot, t - to_hot);  // |U| <= K_r * top_k: within the slot's staging
       }
       const page_id hp = src.books.host_page_of(slot, row);
       for (std::size_t l = 0; l < layers; ++l)
@@ -1211,7 +1259,8 @@ class host_hierarchy {
   detail::request_registry registry_;
   location_space space_{};
   std::array<source_data, sources> src_;
-  std::vector<std::vector<std::byte>> arenas_;  // staging_arenas<chi>: chi arenas, widest rows
+  // staging_arenas<chi>: block l holds payload layer l of every source, then arena l (staging_blocks.hpp)
+  std::vector<std::byte> blocks_;
   detail::staging_holder<Staging> staging_;
   detail::prefix_registry<sources> prefixes_;
 };
