@@ -145,8 +145,12 @@ int run() {
               mismatches += loc == dh::no_location ? 0 : 1;
               continue;
             }
+            // as a stock attention kernel reads it: the layer's base plus loc rows, staged or not
+            const std::size_t rb = Layout::sources[s].row_bytes;
             for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l, ++checked)
-              if (!same_bytes(h.payload(s, l, loc), reqs[r].id, s, l, e, token_at(reqs[r], e))) ++mismatches;
+              if (!same_bytes(std::span<const std::byte>(h.pool(s, l) + static_cast<std::size_t>(loc) * rb, rb),
+                              reqs[r].id, s, l, e, token_at(reqs[r], e)))
+                ++mismatches;
           }
       h.release_staging(s);  // this source's attention is done: the next source may reuse the arenas
     }

@@ -57,14 +57,15 @@ constexpr std::size_t requests = 3;
 constexpr std::size_t rounds = 40;
 constexpr std::size_t query_slots = requests * max_block;  // K_max queries of top_k entries per request
 
-/// A stand-in for an attention kernel of one payload layer: reads the row at every returned
-/// location (row_address covers the pool and, for staging locations, the shared arena) into `out`.
-__global__ void gather_rows(Hierarchy::view_type view, unsigned layer, const dh::location* locations, std::size_t n,
-                            std::byte* out) {
+/// A stand-in for a stock attention kernel of one payload layer: it knows nothing of dhisparse,
+/// only the layer's base pointer and row stride, and reads `base + loc * row_bytes` for every
+/// returned location, staged rows in the shared arena included (`h.pool(s, l)`).
+__global__ void gather_rows(const std::byte* base, std::uint32_t row_bytes, const dh::location* locations,
+                            std::size_t n, std::byte* out) {
   for (std::size_t i = blockIdx.x; i < n; i += gridDim.x) {
     if (locations[i] == dh::no_location) continue;
-    const std::byte* row = view.row_address(layer, locations[i]);
-    for (std::size_t b = threadIdx.x; b < view.row_bytes; b += blockDim.x) out[i * view.row_bytes + b] = row[b];
+    const std::byte* row = base + static_cast<std::size_t>(locations[i]) * row_bytes;
+    for (std::size_t b = threadIdx.x; b < row_bytes; b += blockDim.x) out[i * row_bytes + b] = row[b];
   }
 }
 
@@ -176,7 +177,8 @@ int run() {
     // the returned locations. Then the arenas may go to the next source's verify.
     for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
       gather_rows<<<static_cast<unsigned>(query_slots), 64, 0, stream>>>(
-          h.view(s), static_cast<unsigned>(l), verify_batches[s].locations(), query_slots * top_k, d_read[s][l].data());
+          h.pool(s, l), static_cast<std::uint32_t>(Layout::sources[s].row_bytes), verify_batches[s].locations(),
+          query_slots * top_k, d_read[s][l].data());
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     h.release_staging(s, stream);
   }

@@ -18,6 +18,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -25,6 +26,7 @@
 #include <string_view>
 #include <utility>
 
+#include "detail/staging_blocks.hpp"
 #include "errors.hpp"
 #include "hierarchy_types.hpp"
 #include "host/residency_manager.hpp"
@@ -546,7 +548,9 @@ struct backend_bytes {
   std::uint64_t host_staging_arena_bytes = 0;  ///< shared staging arenas (0 with dedicated staging)
   std::uint64_t host_store_bytes = 0;          ///< paged host stores of every source
   // cuda::hierarchy: the terms the planner models, and a bound on the rest.
-  std::uint64_t cuda_pool_bytes = 0;           ///< payload pools, each layer's range rounded to the carve alignment
+  /// Payload pools, each layer's range rounded to the carve alignment; with shared arenas, the
+  /// pools of the one-block-per-layer-index layout, its padding included (detail/staging_blocks.hpp).
+  std::uint64_t cuda_pool_bytes = 0;
   std::uint64_t cuda_staging_arena_bytes = 0;  ///< shared staging arenas, each rounded to the carve alignment
   std::uint64_t cuda_metadata_bytes = 0;       ///< hot-cache map, LRU order, page tables, reverse map, live flags
   std::uint64_t cuda_workspace_bytes = 0;      ///< copy plans of resolve (and verify: plan, seen and rank bitmaps)
@@ -629,6 +633,10 @@ constexpr cuda_device_terms cuda_device_for(const layout_desc& l, const hierarch
   }
   t.metadata = k.add(t.metadata, k.mul(n, 4));  // live flag per slot
   if (shared_staging && spec) t.arenas = k.mul(chi, align_up(k.mul(k.mul(n, staging_rows), widest), cuda_carve_alignment));
+  if (shared_staging && !k.overflowed) {  // block l: layer l's pool of every source, then arena l
+    const staging_blocks b = plan_staging_blocks(l.sources, pool_rows, k.mul(n, staging_rows), chi);
+    t.pools = b.total_bytes - t.arenas;
+  }
   return t;
 }
 }  // namespace detail
@@ -726,14 +734,39 @@ constexpr hierarchy_plan plan_hierarchy(const layout_desc& l, const config_input
     fail("gpu_bytes", num(in.gpu_bytes) + " bytes cannot hold the fixed state of " + num(in.slots) +
                           " slots (hot caches, tails, staging, metadata): " + num(fixed.total()) + " bytes");
   // Each page adds p rows to every layer's range; each range's rounding grows by less than the alignment.
-  const std::uint64_t slack = k.mul(shape.payload_layers, cuda_carve_alignment);
+  // Shared arenas round each pool's distance to its arena to lcm(row bytes, alignment) instead.
+  std::uint64_t slack = k.mul(shape.payload_layers, cuda_carve_alignment);
+  if (shared) {
+    slack = 0;
+    for (const source_desc& d : l.sources)
+      slack = k.add(slack, k.mul(d.payload_layers, std::lcm<std::uint64_t>(d.row_bytes, cuda_carve_alignment)));
+  }
   const std::uint64_t left = in.gpu_bytes - fixed.total();
   r.optional_pages_budget = left > slack ? (left - slack) / r.optional_page_bytes : 0;
   const std::uint64_t tail_ring = c.tail_rows + (c.max_block > 1 ? c.max_block : 0);
   const std::uint64_t slot_rows = k.mul(in.slots, k.add(k.add(in.hot_rows, tail_ring),
                                                         c.max_block > 1 ? c.max_block * shape.top_k : 0));
   if (slot_rows > int32_max) fail("slots", "the slots' hot caches, tails and staging exceed int32 locations");
-  const std::uint64_t addressable_pages = (int32_max - slot_rows) / p;
+  std::uint64_t addressable_pages = (int32_max - slot_rows) / p;
+  if (shared) {
+    // staging_arenas<chi>: a source's staging locations lie past the pools packed before its arena
+    const std::uint64_t base_rows = k.mul(in.slots, k.add(in.hot_rows, tail_ring));
+    const std::uint64_t staged = c.max_block > 1 ? k.mul(in.slots, c.max_block * shape.top_k) : 0;
+    const auto fits = [&](std::uint64_t pages) {
+      const auto b = detail::plan_staging_blocks(l.sources, base_rows + pages * p, staged, chi);
+      for (std::size_t s = 0; s < l.sources.size(); ++s)
+        if (detail::staging_location_end(b, l.sources, s, staged) > int32_max) return false;
+      return true;
+    };
+    if (!fits(0)) fail("slots", "with staging_arenas the staging locations of the slots exceed int32 locations");
+    std::uint64_t lo = 0, hi = addressable_pages;  // the most pages that fit: fits(lo), and hi or fewer
+    while (lo < hi) {
+      const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (fits(mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    addressable_pages = lo;
+  }
   const std::uint64_t affordable = std::min(r.optional_pages_budget, addressable_pages);
   if (in.residency == residency_kind::adaptive) {
     c.optional_pages = std::min(affordable, r.optional_pages_needed);

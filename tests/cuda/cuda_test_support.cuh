@@ -516,13 +516,17 @@ class twin {
       const auto& d = Layout::sources[s];
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         const std::size_t pool_rows = dev.pool_rows();
-        // shared arenas: a source's staging rows are readable only while it holds the arenas
-        const bool arena_rows = Staging::shared && host.staging_holder() == s;
-        const std::size_t rows = arena_rows ? dev.space().rows() : pool_rows;
-        std::vector<std::byte> pool(dev.space().rows() * d.row_bytes);
+        // shared arenas: a source's staging rows are readable only while it holds the arenas, and
+        // lie space(s).staging_gap rows past its pool (the image is indexed by location)
+        const auto& sp = dev.space(s);
+        REQUIRE(sp.staging_begin() == host.space(s).staging_begin());
+        const bool staging_rows = !Staging::shared || host.staging_holder() == s;
+        std::vector<std::byte> pool(sp.rows() * d.row_bytes);
         dev.copy_pool(s, l, std::span<std::byte>(pool).first(pool_rows * d.row_bytes));
-        if (arena_rows) dev.copy_staging(s, l, std::span<std::byte>(pool).subspan(pool_rows * d.row_bytes));
-        for (std::size_t r = 0; r < rows; ++r) {
+        if (Staging::shared && staging_rows)
+          dev.copy_staging(s, l, std::span<std::byte>(pool).subspan(sp.staging_begin() * d.row_bytes));
+        for (std::size_t r = 0; r < sp.rows(); ++r) {
+          if (!sp.valid(static_cast<location>(r)) || (!staging_rows && r >= sp.staging_begin())) continue;
           const auto want = host.payload(s, l, static_cast<location>(r));
           if (std::memcmp(want.data(), pool.data() + r * d.row_bytes, d.row_bytes) != 0)
             DHTEST_FAIL(ctx << ": pool of source " << s << " layer " << l << " differs at location " << r << ": host "

@@ -262,11 +262,12 @@ class spec_run {
     pools_.resize(d.payload_layers);
     const std::size_t pool_bytes = tw.dev.pool_rows() * d.row_bytes;
     for (std::size_t l = 0; l < d.payload_layers; ++l) {
-      pools_[l].assign(tw.dev.space().rows() * d.row_bytes, std::byte{0});
+      // the image is indexed by location: shared arenas lie space(s).staging_gap rows past the pool
+      const auto& sp = tw.dev.space(s);
+      pools_[l].assign(sp.rows() * d.row_bytes, std::byte{0});
       tw.dev.copy_pool(s, l, std::span<std::byte>(pools_[l]).first(pool_bytes));
-      // shared arenas: the staging rows follow the pool in the image while s holds them
       if (Staging::shared && tw.dev.staging_holder() == s)
-        tw.dev.copy_staging(s, l, std::span<std::byte>(pools_[l]).subspan(pool_bytes));
+        tw.dev.copy_staging(s, l, std::span<std::byte>(pools_[l]).subspan(sp.staging_begin() * d.row_bytes));
     }
   }
 
@@ -311,7 +312,7 @@ class spec_run {
       std::vector<dhc::verify_batch_item> none;
       REQUIRE_THROWS_AS(tw.dev.verify(s, std::span<const dhc::verify_batch_item>(none)), dh::staging_in_use);
       REQUIRE_THROWS_AS(tw.dev.release_staging(s), dh::staging_not_held);
-      REQUIRE_THROWS_AS(tw.dev.payload_row(s, 0, tw.dev.space().staging(0, 0)), dh::staging_not_held);
+      REQUIRE_THROWS_AS(tw.dev.payload_row(s, 0, tw.dev.space(s).staging(0, 0)), dh::staging_not_held);
       REQUIRE(tw.dev.staging_holder() == h);
       ++n.held_probes;
       release(*h);
@@ -964,10 +965,15 @@ TEST_CASE("shared staging arenas: a verify on another stream waits on the device
     const auto& d = L::sources[s];
     std::vector<std::byte> want(d.row_bytes);
     for (std::size_t i = 0; i < sel.size(); ++i) {
-      if (static_cast<std::size_t>(locs[i]) >= dev.space().staging_begin()) ++staged;
+      if (static_cast<std::size_t>(locs[i]) >= dev.space(s).staging_begin()) ++staged;
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         fill_row(want.data(), d.row_bytes, id, s, l, sel[i]);
         REQUIRE(dev.payload_row(s, l, locs[i]) == want);
+        // as a stock attention kernel reads it: the layer's one base, no branch on the location
+        std::vector<std::byte> flat(d.row_bytes);
+        DHTEST_CUDA(cudaMemcpy(flat.data(), dev.pool(s, l) + static_cast<std::size_t>(locs[i]) * d.row_bytes,
+                               d.row_bytes, cudaMemcpyDeviceToHost));
+        REQUIRE(flat == want);
       }
     }
   };
@@ -1002,7 +1008,7 @@ TEST_CASE("shared staging arenas: a verify on another stream waits on the device
   // source 0's hot rows kept their bytes: they never lived in the arenas
   std::size_t hot0 = 0;
   for (std::size_t i = 0; i < sel.size(); ++i)
-    if (static_cast<std::size_t>(locs0[i]) < dev.space().staging_begin()) {
+    if (static_cast<std::size_t>(locs0[i]) < dev.space(0).staging_begin()) {
       ++hot0;
       for (std::size_t l = 0; l < L::sources[0].payload_layers; ++l) {
         std::vector<std::byte> want(L::sources[0].row_bytes);

@@ -47,6 +47,7 @@
 
 #include "../detail/prefix_registry.hpp"
 #include "../detail/request_registry.hpp"
+#include "../detail/staging_blocks.hpp"
 #include "../detail/staging_holder.hpp"
 #include "../detail/validate.hpp"
 #include "../errors.hpp"
@@ -160,7 +161,7 @@ class hierarchy {
                                                    Layout::sources[s].row_bytes, c.host_pages);
     }
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
-    r.device_bytes += staging_arena_bytes(c);
+    if constexpr (Staging::shared) r.device_bytes += blocks_for(c).total_bytes;  // pools and arenas, one block per layer index
     r.device_bytes += write_state_bytes(c.max_requests, c.max_block > 1);  // step table, error books, backup work lists
     r.pinned_bytes += sources * mirror_bytes(c.max_requests);       // frontiers the host absorbs
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
@@ -225,6 +226,13 @@ class hierarchy {
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
   /// Location geometry of the payload pools (the same for every source).
   [[nodiscard]] const location_space& space() const { return space_; }
+  /// Location geometry of `source`, staging locations included (`space()` plus the source's
+  /// `staging_gap`: 0 with dedicated staging; with `staging_arenas<chi>` the distance from the
+  /// source's pools to the arenas, which share one block per payload-layer index with them).
+  [[nodiscard]] const location_space& space(std::size_t source) const {
+    check_source(source);
+    return src_[source].view.space;
+  }
   /// True while `id` is admitted.
   [[nodiscard]] bool contains(request_id id) const { return registry_.contains(id); }
   /// Request slot of an admitted request (what `batch_view::slots` names); throws unknown_request otherwise.
@@ -739,7 +747,7 @@ class hierarchy {
   [[nodiscard]] std::optional<std::size_t> staging_holder() const { return staging_.holder(); }
   /// Rows of each payload layer's pool (`pool(s, l)`): every location, less the staging rows when
   /// they live in shared arenas.
-  [[nodiscard]] std::size_t pool_rows() const { return Staging::shared ? space_.staging_begin() : space_.rows(); }
+  [[nodiscard]] std::size_t pool_rows() const { return Staging::shared ? space_.pool_rows() : space_.rows(); }
 
   // ------------------------------------------------------------------ per-step results
   // Two ways out. The `_async` calls write caller memory in stream order and never synchronise:
@@ -1524,8 +1532,10 @@ class hierarchy {
 
   // ------------------------------------------------------------------ views and inspection
 
-  /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes`, except
-  /// staging locations with shared arenas (`view(s).row_address(l, loc)` covers both).
+  /// Device base of a payload layer's pool: row `loc` is at `pool(s, l) + loc * row_bytes` for every
+  /// location the hierarchy returns for the source, staging locations included (with shared arenas
+  /// they lie past the pool, in the arena that shares the layer's block). What a stock attention
+  /// kernel takes as its per-layer base.
   [[nodiscard]] std::byte* pool(std::size_t source, std::size_t layer) const {
     check_layer(source, layer);
     return src_[source].layer_ptrs[layer];
@@ -1545,14 +1555,11 @@ class hierarchy {
   [[nodiscard]] std::vector<std::byte> payload_row(std::size_t source, std::size_t layer, location loc) const {
     check_layer(source, layer);
     const std::size_t rb = Layout::sources[source].row_bytes;
-    if (loc < 0 || static_cast<std::size_t>(loc) >= space_.rows())
-      throw position_out_of_range("location " + std::to_string(loc) + " outside the pool");
+    const location_space& sp = src_[source].view.space;
+    if (!sp.valid(loc)) throw position_out_of_range("location " + std::to_string(loc) + " outside the pool");
     const auto at = static_cast<std::size_t>(loc);
-    const bool staged = at >= space_.staging_begin();
-    if (staged) staging_.check_read(source);
-    const std::byte* row = staged ? src_[source].staging_ptrs[layer] + (at - space_.staging_begin()) * rb
-                                  : pool(source, layer) + at * rb;
-    return read_on(stream_, row, rb);
+    if (at >= sp.staging_begin()) staging_.check_read(source);
+    return read_on(stream_, pool(source, layer) + at * rb, rb);
   }
   /// Copies a whole payload layer's pool (pool_rows() * row_bytes bytes; synchronises the
   /// hierarchy's stream).
@@ -1563,7 +1570,7 @@ class hierarchy {
     enqueue_read(stream_, out.data(), pool(source, layer), bytes);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  /// Copies a payload layer's staging rows, the locations from space().staging_begin() on
+  /// Copies a payload layer's staging rows, the locations from space(source).staging_begin() on
   /// (slots * staging_rows rows; synchronises the hierarchy's stream). With shared arenas only
   /// while `source` holds them.
   void copy_staging(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
@@ -1622,7 +1629,7 @@ class hierarchy {
     workspace_view ws{};
     std::byte* eager = nullptr;            // device batch descriptor of eager resolves
     std::vector<std::byte*> layer_ptrs;    // host copy of the per-layer pool bases
-    std::vector<std::byte*> staging_ptrs;  // host copy of the per-layer staging bases (pool or shared arena)
+    std::vector<std::byte*> staging_ptrs;  // per layer: its first staging row (layer base + staging_begin rows)
     std::vector<bool> layer_pending;
     // speculative verification (max_block > 1)
     verify_workspace_view vws{};
@@ -1643,7 +1650,7 @@ class hierarchy {
     bool device_stages = false;            // a batched stage was enqueued: the device round books lead
   };
   struct offsets {
-    std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, staging_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
+    std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
                 host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
     std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
@@ -1736,10 +1743,20 @@ class hierarchy {
       verify_slots_.assign(cfg_.max_requests, 0);
     }
     stamp_.assign(cfg_.max_requests, 0);
-    if (const std::size_t arena_bytes = staging_arena_bytes(cfg_); arena_bytes > 0) {
-      arenas_ = device_buffer<std::byte>(arena_bytes);
-      DHISPARSE_CUDA_TRY(cudaMemsetAsync(arenas_.data(), 0, arena_bytes, stream_));
-      arena_free_ = detail::unique_event(cudaEventDisableTiming);
+    if constexpr (Staging::shared) {
+      // one block per payload-layer index: its pools of every source, then its arena (staging_blocks.hpp)
+      blocks_plan_ = blocks_for(cfg_);
+      for (std::size_t s = 0; s < sources; ++s) {
+        location_space sp = space_;
+        sp.staging_gap = blocks_plan_.staging_gap[s];
+        if (!sp.addressable())
+          throw invalid_configuration("staging locations of source " + std::to_string(s) + " reach " +
+                                      std::to_string(sp.rows()) +
+                                      ", past int32 (staging_arenas<chi> places them past the pools of every source)");
+      }
+      blocks_ = device_buffer<std::byte>(blocks_plan_.total_bytes);
+      DHISPARSE_CUDA_TRY(cudaMemsetAsync(blocks_.data(), 0, blocks_plan_.total_bytes, stream_));
+      if (speculative()) arena_free_ = detail::unique_event(cudaEventDisableTiming);
     }
 
     write_state_ = device_buffer<std::byte>(write_state_bytes(cfg_.max_requests, speculative()));
@@ -1776,12 +1793,12 @@ class hierarchy {
     const std::size_t cap = c.max_requests;
     detail::carver k;
     offsets o;
-    const std::size_t rows = Staging::shared ? sp.staging_begin() : sp.rows();  // shared: staging in the arenas
+    // shared arenas: the pools live in the blocks (blocks_for), not in the source's own allocation
+    const std::size_t rows = Staging::shared ? 0 : sp.rows();
     o.layer_stride = (rows * d.row_bytes + detail::carver::alignment - 1) / detail::carver::alignment *
                      detail::carver::alignment;
     o.pool = k.take<std::byte>(o.layer_stride * d.payload_layers);
     o.layer_ptrs = k.take<std::byte*>(d.payload_layers);
-    o.staging_ptrs = k.take<std::byte*>(d.payload_layers);
     o.hot_row = k.take<row_index>(cap * hot_rows);
     o.order = k.take<order_index>(cap * hot_rows);
     o.frontier = k.take<std::int64_t>(cap);
@@ -1837,6 +1854,15 @@ class hierarchy {
     if (!Staging::shared || c.max_block < 2) return 0;
     const std::size_t bytes = c.max_requests * c.max_block * top_k * widest_row_bytes<Layout>();
     return (bytes + detail::carver::alignment - 1) / detail::carver::alignment * detail::carver::alignment;
+  }
+  /// The shared-arena layout of `c` (normalised): the host reference's arithmetic, so both
+  /// backends return the same staging locations.
+  static dhisparse::detail::staging_blocks blocks_for(const hierarchy_config& c) {
+    static_assert(detail::carver::alignment == dhisparse::detail::staging_block_alignment,
+                  "the shared-arena layout rounds to the carver's alignment (both backends' locations depend on it)");
+    const location_space sp = make_space(c);
+    return dhisparse::detail::plan_staging_blocks(std::span<const source_desc>(Layout::sources), sp.pool_rows(),
+                                                  sp.slots * sp.staging_rows, Staging::arenas);
   }
   static location_space make_space(const hierarchy_config& c) {
     const bool spec = c.max_block > 1;
@@ -2049,22 +2075,21 @@ class hierarchy {
                                       host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
                                                  store_bytes));
 
+    location_space sp = space_;
+    if constexpr (Staging::shared) sp.staging_gap = blocks_plan_.staging_gap[s];
     src.layer_ptrs.resize(d.payload_layers);
     src.staging_ptrs.resize(d.payload_layers);
     for (std::size_t l = 0; l < d.payload_layers; ++l) {
-      src.layer_ptrs[l] = base + o.pool + l * o.layer_stride;
-      // Layer l stages in its own pool, or in shared arena l (whichever source holds the arenas).
-      src.staging_ptrs[l] = Staging::shared ? arenas_.data() + l * arena_stride(cfg_)
-                                            : src.layer_ptrs[l] + space_.staging_begin() * d.row_bytes;
+      // Shared arenas: layer l's pool sits in block l, staging_gap rows before arena l.
+      src.layer_ptrs[l] = Staging::shared ? blocks_.data() + blocks_plan_.pool_offset(s, l) : base + o.pool + l * o.layer_stride;
+      src.staging_ptrs[l] = src.layer_ptrs[l] + sp.staging_begin() * d.row_bytes;
     }
     // Same stream as the memset above (pageable source: staged before the call returns).
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(base + o.layer_ptrs, src.layer_ptrs.data(), d.payload_layers * sizeof(std::byte*),
                                        cudaMemcpyHostToDevice, stream_));
-    DHISPARSE_CUDA_TRY(cudaMemcpyAsync(base + o.staging_ptrs, src.staging_ptrs.data(),
-                                       d.payload_layers * sizeof(std::byte*), cudaMemcpyHostToDevice, stream_));
 
     view_type& v = src.view;
-    v.space = space_;
+    v.space = sp;
     v.hot_row = reinterpret_cast<row_index*>(base + o.hot_row);
     v.order = reinterpret_cast<order_index*>(base + o.order);
     v.frontier = reinterpret_cast<std::int64_t*>(base + o.frontier);
@@ -2074,7 +2099,6 @@ class hierarchy {
     v.live = live_buffer_.data();
     v.host_store = store_device;
     v.layer_pool = reinterpret_cast<std::byte* const*>(base + o.layer_ptrs);
-    v.staging_pool = reinterpret_cast<std::byte* const*>(base + o.staging_ptrs);
     v.page_bytes = src.books.store().page_bytes();
     v.max_rows = static_cast<std::int64_t>(cfg_.max_rows);
     v.row_bytes = static_cast<std::uint32_t>(d.row_bytes);
@@ -2445,7 +2469,9 @@ class hierarchy {
   device_buffer<std::uint32_t> live_buffer_;
   detail::staging_ring ring_;
   detail::staging_ring verify_ring_;  // pinned staging of eager verify descriptors (max_block > 1)
-  device_buffer<std::byte> arenas_;   // staging_arenas<chi>: chi arenas of arena_stride bytes (K_max > 1)
+  // staging_arenas<chi>: block l holds payload layer l's pool of every source, then arena l
+  dhisparse::detail::staging_blocks blocks_plan_;
+  device_buffer<std::byte> blocks_;
   detail::unique_event arena_free_;   // recorded by release_staging: the arenas' last readers are done
   cudaStream_t release_stream_{};     // stream of the last release
   bool release_captured_ = false;     // the last release was recorded into a stream capture

@@ -92,8 +92,9 @@ struct source_view {
   OrderIndex* way_of_row = nullptr;         ///< [slots * max_rows] hot way holding each row, `no_way` if none
   const std::uint32_t* live = nullptr;      ///< [slots] non-zero while a request holds the slot
   std::byte* host_store = nullptr;          ///< device address of the mapped pinned host store
-  std::byte* const* layer_pool = nullptr;   ///< [layers] device base of each payload layer's pool
-  std::byte* const* staging_pool = nullptr; ///< [layers] device base of each layer's staging rows (in its pool, or its shared arena)
+  /// [layers] device base of each payload layer: every location of the source, staging rows
+  /// included (shared arenas lie `space.staging_gap` rows past the pool), is at `base + loc * row_bytes`.
+  std::byte* const* layer_pool = nullptr;
   std::uint64_t page_bytes = 0;             ///< host-store bytes per page (all layers)
   std::int64_t max_rows = 0;                ///< history capacity per request
   std::uint32_t row_bytes = 0;              ///< bytes per row (multiple of 16)
@@ -102,12 +103,10 @@ struct source_view {
   std::uint32_t tail_rows = 0;              ///< T
   std::uint32_t pages_per_request = 0;      ///< ceil(max_rows / page_rows)
 
-  /// Device address of location `loc` in payload layer `layer`: the layer's pool, or for a
-  /// staging location its staging rows (which `staging_arenas<chi>` keeps outside the pool).
+  /// Device address of location `loc` in payload layer `layer`: one formula for every location,
+  /// so a stock attention kernel given `layer_pool[layer]` reads the same bytes with no branch.
   DHISPARSE_HD std::byte* row_address(unsigned layer, location loc) const {
-    const auto at = static_cast<std::size_t>(loc);
-    const std::size_t first_staging = space.staging_begin();
-    return at >= first_staging ? staging_pool[layer] + (at - first_staging) * row_bytes : layer_pool[layer] + at * row_bytes;
+    return layer_pool[layer] + static_cast<std::size_t>(loc) * row_bytes;
   }
 };
 

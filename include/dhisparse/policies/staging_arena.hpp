@@ -9,7 +9,9 @@
 ///   by all sources: the source being verified holds them (payload layer l writes arena l) until
 ///   the engine releases them after that source's attention consumers have finished; the next
 ///   source's verify then reuses them. M_stage = chi * N * K_max * k * d_KV instead of one
-///   reservation per payload layer (GLM-5.3: 4 arenas instead of 78).
+///   reservation per payload layer (GLM-5.3: 4 arenas instead of 78). Arena l ends one block that
+///   also holds payload layer l's pool of every source (detail/staging_blocks.hpp), so a staged
+///   row is an ordinary location of the layer's base, `space(source).staging_begin()` on.
 #include <concepts>
 #include <cstddef>
 

@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(verify_copy_threads)
       const unsigned lo = last_at_or_below(prefix, C, row_unit);  // the entry holding row_unit
       const plan_entry pe = ws.plan[static_cast<std::size_t>(lo) * ws.plan_stride + (row_unit - prefix[lo])];
       s[k] = reinterpret_cast<const int4*>(src.host_store + pe.host_offset + l * layer_host_stride);
-      d[k] = reinterpret_cast<int4*>(src.row_address(l, pe.dst));  // staged rows may live in a shared arena
+      d[k] = reinterpret_cast<int4*>(src.row_address(l, pe.dst));  // staged rows included: one base per layer
     }
     for (unsigned v0 = 0; v0 < vecs; v0 += 32 * H) {
       int4 buf[R][H];
