@@ -224,7 +224,8 @@ class hierarchy {
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
-  /// Location geometry of the payload pools (the same for every source).
+  /// Location geometry of the payload pools shared by every source: hot-cache, tail and optional
+  /// locations. Staging locations differ by source with `staging_arenas<chi>`: use `space(source)`.
   [[nodiscard]] const location_space& space() const { return space_; }
   /// Location geometry of `source`, staging locations included (`space()` plus the source's
   /// `staging_gap`: 0 with dedicated staging; with `staging_arenas<chi>` the distance from the
