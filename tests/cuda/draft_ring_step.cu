@@ -640,3 +640,49 @@ TEST_CASE("draft ring step path: bad views throw before any work", "[gpu][draft_
   REQUIRE_THROWS_AS(dev.copy_books_async(std::span(three.data(), 3), nullptr), dh::size_mismatch);
   REQUIRE_THROWS_AS((void)dev.books_current(2), dh::invalid_slot);
 }
+
+namespace {
+/// Holds its stream for `ns` nanoseconds (global timer).
+__global__ void hold_stream(unsigned long long ns) {
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+}  // namespace
+
+TEST_CASE("draft ring: host book pushes keep host-call order across streams", "[gpu][draft_ring_step]") {
+  using ring = dh::draft_ring<8, 4, 4>;
+  const dh::draft_ring_config cfg{.slots = 2, .row_bytes = 16, .layers = 2};
+  cudaStream_t a = nullptr, b = nullptr;
+  ok(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  ok(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+  {
+    dh::draft_ring_store<ring> host(cfg);
+    dhc::draft_ring_store<ring> dev(cfg, a);  // the calls without a stream go to `a`
+    std::vector<std::byte> rows(2 * 2 * 16, std::byte{3});
+    host.write(0, 0, rows, 2);
+    ok(dev.write(0, 0, rows.data(), 2, a));
+    ok(cudaStreamSynchronize(a));
+    // `a` is held 50 ms, so its book push lands late unless the push on `b` waits for it.
+    hold_stream<<<1, 1, 0, a>>>(50'000'000ull);
+    ok(cudaGetLastError());
+    host.commit(0, 1);
+    dev.commit(0, 1);  // on `a`: committed 2
+    host.write(0, 2, std::span(rows).first(2 * 16), 1);
+    ok(dev.write(0, 2, rows.data(), 1, b));  // on `b`: written 3
+    ok(cudaStreamSynchronize(a));
+    ok(cudaStreamSynchronize(b));
+    dhc::pinned_buffer out(2 * sizeof(dh::draft_slot_state));
+    auto* books = reinterpret_cast<dh::draft_slot_state*>(out.data());
+    dev.copy_books_async(std::span(books, 2), b);
+    ok(cudaStreamSynchronize(b));
+    REQUIRE(books[0].committed == host.committed(0));  // 2
+    REQUIRE(books[0].written == host.written(0));      // 3, not 2 (the late push of `a`)
+    REQUIRE(books[1].written == 0);
+  }
+  ok(cudaStreamDestroy(a));
+  ok(cudaStreamDestroy(b));
+}

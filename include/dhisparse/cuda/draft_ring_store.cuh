@@ -32,12 +32,14 @@
 ///
 /// Host calls throw their book-keeping errors before any device work, with the store unchanged,
 /// and cannot be captured (their positions would be frozen into the graph): they throw
-/// invalid_configuration on a capturing stream. Copies return the CUDA status; the books stay
+/// invalid_configuration on a capturing stream. Book pushes stay in host-call order across
+/// streams (an event), and eager batched calls and `sync_books` wait for the last push. Copies return the CUDA status; the books stay
 /// unchanged when nothing was enqueued (when the second piece of a wrapping block fails, positions
 /// from the write's first one on are dropped). Nothing synchronises except the constructor,
 /// `check_errors` and `sync_books`; a kernel reading rows must be ordered after the write on the
-/// same stream (or an event), and a rewrite of a row after the kernels still reading it. Host calls
-/// and batched calls on different streams must be ordered by the caller, as any two writes are.
+/// same stream (or an event), and a rewrite of a row after the kernels still reading it. Captured
+/// batched calls, and batched calls on several streams, must be ordered by the caller (one stream,
+/// or events), as any two writes to the same slot are.
 #include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
@@ -88,6 +90,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
         books_dev_(cfg.slots),
         controls_(2),
         sticky_(2 * cfg.slots),
+        last_push_(cudaEventDisableTiming),
         stream_(stream) {
     stale_.assign(cfg.slots, 0);
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(bytes_.data(), 0, bytes_.bytes(), stream));
@@ -222,6 +225,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
     if (v.row_stride < cfg_.row_bytes)
       throw size_mismatch("draft_write_view row_stride " + std::to_string(v.row_stride) + " is below row_bytes " +
                           std::to_string(cfg_.row_bytes));
+    after_pushes(stream);
     DHISPARSE_CUDA_TRY(detail::launch_draft_write_step(ref(), books_dev_.data(), v, books_of(0), stream));
     mark_all_stale();
   }
@@ -236,6 +240,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
     if (batch.slots == nullptr || batch.accepted == nullptr)
       throw size_mismatch("draft_commit_view needs device slots and accepted counts");
     check_capacity(batch.capacity, "draft_commit_view");
+    after_pushes(stream);
     DHISPARSE_CUDA_TRY(detail::launch_draft_commit_step(cfg_.slots, books_dev_.data(), batch, books_of(1), stream));
     mark_all_stale();
   }
@@ -285,6 +290,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// must be ordered before `stream` first. Not capturable (invalid_configuration).
   void sync_books(cudaStream_t stream) {
     check_not_captured(stream, "sync_books");
+    after_pushes(stream);
     std::vector<draft_slot_state> got(cfg_.slots);
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(got.data(), books_dev_.data(), got.size() * sizeof(draft_slot_state),
                                        cudaMemcpyDeviceToHost, stream));
@@ -319,12 +325,32 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
       throw size_mismatch(std::string(view) + " capacity " + std::to_string(capacity) + " exceeds the store's " +
                           std::to_string(cfg_.slots) + " slots");
   }
-  /// Enqueues the host book of `slot` into the device books on `stream`. If the launch fails, the
-  /// slot is marked stale, so no host call trusts a book the device did not get.
+  /// Enqueues the host book of `slot` into the device books on `stream`. Book pushes are kept in
+  /// host-call order whatever their streams: a push on another stream than the last one waits
+  /// for it (an event), so `commit(slot, a)` on the store's stream followed by `write(slot, ...,
+  /// other)` cannot land in the opposite order. If anything fails, the slot is marked stale, so no
+  /// host call trusts a book the device may not have.
   cudaError_t publish(std::size_t slot, cudaStream_t stream) {
-    const cudaError_t e = detail::launch_set_draft_books(books_dev_.data(), slot, books_.state(slot), stream);
-    if (e != cudaSuccess) stale_[slot] = 1;
-    return e;
+    cudaError_t e = cudaSuccess;
+    if (pushed_ && stream != last_push_stream_) e = cudaStreamWaitEvent(stream, last_push_.get(), 0);
+    if (e == cudaSuccess) e = detail::launch_set_draft_books(books_dev_.data(), slot, books_.state(slot), stream);
+    if (e == cudaSuccess) e = cudaEventRecord(last_push_.get(), stream);
+    if (e != cudaSuccess) {
+      stale_[slot] = 1;
+      return e;
+    }
+    last_push_stream_ = stream;
+    pushed_ = true;
+    return cudaSuccess;
+  }
+  /// Orders work on `stream` after the last book push when that went to another stream (eager
+  /// calls only: a capture cannot wait for an event recorded outside it, so a captured batched
+  /// call relies on the caller's ordering, as its replays do).
+  void after_pushes(cudaStream_t stream) {
+    if (!pushed_ || stream == last_push_stream_) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    DHISPARSE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+    if (status == cudaStreamCaptureStatusNone) DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, last_push_.get(), 0));
   }
   void mark_all_stale() { std::fill(stale_.begin(), stale_.end(), 1); }
   /// Error books of write_step (0) or commit_step (1).
@@ -393,6 +419,9 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   device_buffer<draft_slot_state> books_dev_;      ///< [slots] the true books
   device_buffer<detail::write_control> controls_;  ///< [2] error books of write_step, commit_step
   device_buffer<entry_error> sticky_;              ///< [2][slots]
+  detail::unique_event last_push_;                 ///< recorded after the last book push
+  cudaStream_t last_push_stream_ = nullptr;        ///< the stream of that push
+  bool pushed_ = false;                            ///< a book was pushed since construction
   cudaStream_t stream_ = nullptr;                  ///< for the host calls made without a stream
 };
 
