@@ -4,11 +4,12 @@
 //   1. size a hierarchy with K_max > 1 and shared staging arenas, and a draft ring store for the
 //      same request slots (ask for the bytes first, then construct);
 //   2. admit requests and prefill their history on every source (and the drafter's ring);
-//   3. each round, per request: the drafter writes its block into the ring, the target stages the
-//      block's KV on every source;
+//   3. each round: the drafter's blocks of all requests go into the ring in one batched write at
+//      the positions the ring's books hold (write_step), the target stages each block's KV on
+//      every source;
 //   4. one source (layer group) at a time: verify the batch, let attention read the returned
 //      locations, release the shared staging arenas for the next source;
-//   5. accept a prefix, commit it on every source and in the draft ring;
+//   5. accept a prefix, commit it on every source and in the draft ring (one batched commit_step);
 //   6. at the end, the committed history must equal a plain decode of the accepted tokens.
 //
 // Exit status: 0 success, 1 a byte did not match, 3 a dhisparse error.
@@ -107,17 +108,22 @@ int run() {
   dh::verify_stats verified;
   std::size_t proposed = 0, accepted_proposals = 0, accepted_tokens = 0, checked = 0, mismatches = 0;
   for (std::size_t round = 0; round < rounds; ++round) {
-    // 3. Per request: the drafter writes its block (anchor + proposals) into the ring, then the
-    //    target's forward pass over the block stages its KV on every source.
+    // 3. Per request: the drafter's block (anchor + proposals), then the target's forward pass over
+    //    the block stages its KV on every source. The ring takes every request's block in one
+    //    batched write at the positions its books hold (the CUDA twin does it on the device).
+    std::vector<std::vector<std::byte>> drafts(requests);
+    std::vector<dh::draft_write_item> ring_writes;
     for (auto& rq : reqs) {
       const auto n = static_cast<std::int64_t>(rq.tokens.size());  // == h.positions(id, s) on every source
       const std::size_t kr = 1 + rng() % max_block;                // K_r may differ per request and round
       rq.block.resize(kr);
       for (auto& t : rq.block) t = rng();  // block[0]: the anchor, the token the target sampled last round
-      ring.write(rq.slot, static_cast<std::uint64_t>(n), draft_rows(rq.id, n, rq.block), kr);
+      drafts[ring_writes.size()] = draft_rows(rq.id, n, rq.block);
+      ring_writes.push_back({rq.slot, 0, drafts[ring_writes.size()], kr});  // block offset 0: position n
       for (std::size_t s = 0; s < sources; ++s) h.stage_block(rq.id, s, target_rows(rq.id, s, n, rq.block), kr);
       proposed += kr - 1;
     }
+    ring.write_step(ring_writes);
 
     // 4. One source (layer group) at a time: verify, attention, release the shared arenas.
     for (std::size_t s = 0; s < sources; ++s) {
@@ -156,15 +162,17 @@ int run() {
     }
 
     // 5. Acceptance (here random): the anchor and A proposals become committed on every source
-    //    and in the draft ring; the rest of the block is discarded.
+    //    and in the draft ring (one batched commit); the rest of the block is discarded.
+    std::vector<dh::draft_commit_item> ring_commits;
     for (auto& rq : reqs) {
       const std::size_t accepted = rng() % rq.block.size();  // 0 <= A <= K_r - 1
       for (std::size_t s = 0; s < sources; ++s) h.commit(rq.id, s, accepted);
-      ring.commit(rq.slot, accepted);
+      ring_commits.push_back({rq.slot, accepted});
       rq.tokens.insert(rq.tokens.end(), rq.block.begin(), rq.block.begin() + static_cast<std::ptrdiff_t>(accepted + 1));
       accepted_proposals += accepted;
       accepted_tokens += accepted + 1;
     }
+    ring.commit_step(ring_commits);
   }
 
   // 6. The committed history equals a plain decode of the accepted tokens, bit for bit: every

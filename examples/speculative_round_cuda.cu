@@ -4,13 +4,14 @@
 //   1. size a hierarchy with K_max > 1 and shared staging arenas, and a draft ring store for the
 //      same request slots (ask for the bytes first, then construct);
 //   2. admit requests and prefill their history on every source (and the drafter's ring);
-//   3. each round, per request: the drafter writes its block into the ring; then ONE CUDA graph,
-//      captured once and replayed every round over device buffers, runs the target's part: the
-//      block's KV staged on every source (stage_step, one launch),
+//   3. each round, ONE CUDA graph, captured once and replayed every round over device buffers: the
+//      drafter's block written into its ring at the position the ring's DEVICE books hold
+//      (draft ring write_step), the drafter reading its block back through the ring's step ref,
+//      the block's KV staged on every source (stage_step, one launch),
 //   4. one source (layer group) at a time: verify over a device descriptor, attention (here a
 //      gather kernel) reading the returned locations, release of the shared staging arenas,
-//   5. the accepted prefix committed on every source (commit_step, accepted counts read on the
-//      device); the draft ring's books follow on the host;
+//   5. the accepted prefix committed on every source and in the draft ring (hierarchy commit_step
+//      and ring commit_step over the same device accepted counts: no host count anywhere);
 //   6. at the end, the committed history must equal a plain decode of the accepted tokens.
 //
 // Exits 0 on success, and also when no GPU is present (it says so); 1 a byte did not match,
@@ -56,6 +57,15 @@ static_assert(Ring::max_block == max_block, "the drafter and the target agree on
 constexpr std::size_t requests = 3;
 constexpr std::size_t rounds = 40;
 constexpr std::size_t query_slots = requests * max_block;  // K_max queries of top_k entries per request
+
+/// A stand-in for the drafter reading its own block: the anchor row (block position 0) of every
+/// request in every drafter layer, found through the ring's step ref from the DEVICE books.
+__global__ void read_anchor(RingStore::step_ref_type ring, const std::int32_t* slots, std::byte* out) {
+  const std::int32_t slot = slots[blockIdx.x];
+  for (std::size_t l = 0; l < ring.ring.layers; ++l)
+    for (std::size_t b = threadIdx.x; b < ring.ring.row_bytes; b += blockDim.x)
+      out[(blockIdx.x * ring.ring.layers + l) * ring.ring.row_bytes + b] = ring.block_row(slot, 0, l)[b];
+}
 
 /// A stand-in for a stock attention kernel of one payload layer: it knows nothing of dhisparse,
 /// only the layer's base pointer and row stride, and reads `base + loc * row_bytes` for every
@@ -122,11 +132,14 @@ int run() {
 
   // 3-5 as ONE CUDA graph, captured once and replayed every round, over device buffers whose
   // contents change between replays (nothing per request runs on the host inside a round):
+  //   write_step   the drafter's block of every request into its ring (one launch), at the
+  //                position the ring's device books hold; the drafter reads it back (step ref);
   //   stage_step   the block of every request on every source (one launch);
   //   per source   verify over a verify_batch_view, attention (the gather kernel) on every payload
   //                layer, release of the shared staging arenas for the next source;
-  //   commit_step  the accepted prefix of every request on every source (one launch), with the
-  //                accepted counts read on the device (an engine's sampler writes them there).
+  //   commit_step  the accepted prefix of every request on every source (one launch), and in the
+  //                draft ring (one launch), with the accepted counts read on the device (an
+  //                engine's sampler writes them there).
   constexpr std::size_t max_layers = dh::max_payload_layers_per_source<Layout>();
   constexpr std::size_t widest = dh::widest_row_bytes<Layout>();
   // Block rows of the stage: one buffer per (source, payload layer) (Hierarchy::step_layer_index),
@@ -156,6 +169,24 @@ int run() {
   stage.max_block = max_block;
   stage.capacity = requests;
   const dhc::commit_step_view commit{d_slots.data(), d_accepted.data(), requests};
+  // The drafter's block rows: one buffer per drafter layer, request r's block at rows r * K_max, as
+  // the drafter's forward pass writes them; the ring takes the same slots and K_r as the stage.
+  std::vector<dhc::device_buffer<std::byte>> d_draft;
+  std::vector<std::vector<std::byte>> draft_block(draft_layers, std::vector<std::byte>(requests * max_block * draft_row_bytes));
+  std::vector<const std::byte*> draft_ptrs;
+  for (std::size_t l = 0; l < draft_layers; ++l) {
+    d_draft.emplace_back(requests * max_block * draft_row_bytes);
+    draft_ptrs.push_back(d_draft.back().data());
+  }
+  dhc::device_buffer<const std::byte*> d_draft_ptrs(draft_layers);
+  DHISPARSE_CUDA_TRY(cudaMemcpy(d_draft_ptrs.data(), draft_ptrs.data(), draft_ptrs.size() * sizeof(void*),
+                                cudaMemcpyHostToDevice));
+  dhc::draft_write_view ring_write;
+  ring_write.slots = d_slots.data();  // ring slot = hierarchy slot
+  ring_write.counts = d_counts.data();
+  ring_write.layer_rows = d_draft_ptrs.data();
+  ring_write.capacity = requests;
+  dhc::device_buffer<std::byte> d_anchor(requests * draft_layers * draft_row_bytes);  // what read_anchor saw
   // The verify descriptors (one per source: its queries are the source's own indexer's top-k)
   // and what the gather "attention" read per payload layer.
   std::vector<dhc::device_verify_batch> verify_batches;
@@ -170,6 +201,9 @@ int run() {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t round_graph = nullptr;
   DHISPARSE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ring.write_step(ring_write, stream);
+  read_anchor<<<static_cast<unsigned>(requests), 32, 0, stream>>>(ring.step_ref(), d_slots.data(), d_anchor.data());
+  DHISPARSE_CUDA_TRY(cudaGetLastError());
   h.stage_step(stage, stream);
   for (std::size_t s = 0; s < sources; ++s) {
     h.verify(s, verify_batches[s].view(), stream);
@@ -183,6 +217,7 @@ int run() {
     h.release_staging(s, stream);
   }
   h.commit_step(commit, stream, stream);  // backup == stream: host copies written inline
+  ring.commit_step(commit, stream);       // the same device accepted counts move the ring's books
   DHISPARSE_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
   DHISPARSE_CUDA_TRY(cudaGraphInstantiate(&round_graph, graph, 0));
 
@@ -193,18 +228,20 @@ int run() {
   std::size_t proposed = 0, accepted_proposals = 0, accepted_tokens = 0, checked = 0, mismatches = 0;
   for (std::size_t round = 0; round < rounds; ++round) {
     if (round % 8 == 7) h.reserve_ahead(8 * max_block, stream);  // between replays, never inside the graph
-    // The drafter writes its block (anchor + proposals) into the ring; the target's forward pass
-    // over the block produces its KV (here: written into the stage buffers). Acceptance (here
-    // random; an engine's sampler on the GPU) is known before the replay only because this
-    // example checks the round afterwards.
+    // The drafter's block (anchor + proposals; here written into the draft buffers) and the
+    // target's KV over it (the stage buffers) stand in for forward passes on the GPU. Acceptance
+    // (here random; an engine's sampler on the GPU) is known on the host only because this example
+    // checks the round afterwards: neither the hierarchy nor the ring reads it from the host.
     for (std::size_t r = 0; r < requests; ++r) {
       auto& rq = reqs[r];
       const auto n = static_cast<std::int64_t>(rq.tokens.size());  // == h.positions(id, s) on every source
       const std::size_t kr = 1 + rng() % max_block;                // K_r may differ per request and round
       rq.block.resize(kr);
       for (auto& t : rq.block) t = rng();  // block[0]: the anchor, the token the target sampled last round
-      const auto draft = draft_rows(rq.id, n, rq.block);
-      DHISPARSE_CUDA_TRY(ring.write(rq.slot, static_cast<std::uint64_t>(n), draft.data(), kr, stream));
+      const auto draft = draft_rows(rq.id, n, rq.block);  // [layer][kr][row_bytes]
+      for (std::size_t l = 0; l < draft_layers; ++l)
+        std::memcpy(draft_block[l].data() + r * max_block * draft_row_bytes, draft.data() + l * kr * draft_row_bytes,
+                    kr * draft_row_bytes);
       for (std::size_t s = 0; s < sources; ++s) {
         const auto& d = Layout::sources[s];
         const auto rows = target_rows(rq.id, s, n, rq.block);  // [layer][kr][row_bytes]
@@ -234,13 +271,27 @@ int run() {
     for (std::size_t i = 0; i < block_rows.size(); ++i)
       DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_block[i].data(), block_rows[i].data(), block_rows[i].size(),
                                          cudaMemcpyHostToDevice, stream));  // pageable: copied before it returns
+    for (std::size_t l = 0; l < draft_layers; ++l)
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_draft[l].data(), draft_block[l].data(), draft_block[l].size(),
+                                         cudaMemcpyHostToDevice, stream));
     DHISPARSE_CUDA_TRY(cudaMemcpyAsync(d_counts.data(), counts.data(), requests * 4, cudaMemcpyHostToDevice, stream));
     DHISPARSE_CUDA_TRY(
         cudaMemcpyAsync(d_accepted.data(), accepted_counts.data(), requests * 4, cudaMemcpyHostToDevice, stream));
     DHISPARSE_CUDA_TRY(cudaGraphLaunch(round_graph, stream));
 
     // Checks outside the hot path: device-side errors of the round, then the bytes attention read.
-    h.check_errors(stream);  // synchronises the stream
+    h.check_errors(stream);     // synchronises the stream
+    ring.check_errors(stream);  // the ring's write_step / commit_step entries
+    {  // the drafter found its anchor through the device books: the row it wrote this round
+      std::vector<std::byte> anchors(d_anchor.size());
+      DHISPARSE_CUDA_TRY(cudaMemcpy(anchors.data(), d_anchor.data(), anchors.size(), cudaMemcpyDeviceToHost));
+      for (std::size_t r = 0; r < requests; ++r)
+        for (std::size_t l = 0; l < draft_layers; ++l, ++checked)
+          if (!same_bytes(std::span<const std::byte>(anchors.data() + (r * draft_layers + l) * draft_row_bytes,
+                                                     draft_row_bytes),
+                          reqs[r].id, drafter, l, static_cast<std::int64_t>(reqs[r].tokens.size()), reqs[r].block[0]))
+            ++mismatches;
+    }
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
       for (const auto& st : h.last_verify_stats(s)) verified += st;
@@ -263,12 +314,11 @@ int run() {
       }
     }
 
-    // The anchor and A proposals became committed on every source; the draft ring's books follow
-    // (books only, no device work); the rest of the block was discarded.
+    // The anchor and A proposals became committed on every source and in the draft ring (both on
+    // the device); the rest of the block was discarded. The example's own record follows.
     for (std::size_t r = 0; r < requests; ++r) {
       auto& rq = reqs[r];
       const auto accepted = static_cast<std::size_t>(accepted_counts[r]);
-      ring.commit(rq.slot, accepted);
       rq.tokens.insert(rq.tokens.end(), rq.block.begin(), rq.block.begin() + static_cast<std::ptrdiff_t>(accepted + 1));
       accepted_proposals += accepted;
       accepted_tokens += accepted + 1;
@@ -281,7 +331,8 @@ int run() {
   //    host row is the row a plain decode would have appended, and the drafter's window holds the
   //    draft KV of the last W accepted tokens.
   h.check_errors(stream);
-  h.sync_books(stream);  // the host books absorb what the replayed commits did on the device
+  h.sync_books(stream);     // the host books absorb what the replayed commits did on the device
+  ring.sync_books(stream);  // so do the ring's (its host calls are refused until then)
   std::size_t history_rows = 0;
   std::vector<std::byte> draft_row(draft_row_bytes);
   for (const auto& rq : reqs) {
@@ -318,7 +369,7 @@ int run() {
 
   for (const auto& rq : reqs) {
     h.complete(rq.id, stream);
-    ring.reset(rq.slot);
+    ring.reset(rq.slot, stream);
   }
   DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   DHISPARSE_CUDA_TRY(cudaStreamDestroy(stream));

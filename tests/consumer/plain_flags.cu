@@ -5,6 +5,7 @@
 // test plain_cuda_flags; it is never linked.
 #include <dhisparse/cuda/batch.cuh>
 #include <dhisparse/cuda/buffers.cuh>
+#include <dhisparse/cuda/draft_ring_step.cuh>
 #include <dhisparse/cuda/draft_ring_store.cuh>
 #include <dhisparse/cuda/error.cuh>
 #include <dhisparse/cuda/hierarchy.cuh>
@@ -31,3 +32,4 @@ template class dh::cuda::hierarchy<dh::layouts::tiny, dh::lru_hot_cache<32>, dh:
 template class dh::cuda::residency_manager<dedicated>;
 template class dh::cuda::residency_manager<shared>;
 template class dh::cuda::draft_ring_store<dh::draft_ring<16, 4, 8>>;
+template struct dh::cuda::draft_ring_step_ref<dh::draft_ring<16, 4, 8>>;  // its device members

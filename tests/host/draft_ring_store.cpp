@@ -248,3 +248,174 @@ TEST_CASE("draft ring store memory equals the planner's draft ring", "[draft_rin
   REQUIRE(req.bytes_per_slot == p.draft_ring);
   REQUIRE(req.bytes == p.ring_bytes_for_slots);
 }
+
+namespace {
+
+/// Batched rounds (write_step, then commit_step) against the test's own model of ring positions:
+/// per slot the committed count, the written end and the bytes of every position by position. Each
+/// round names a random subset of slots in random order; a write item picks a random offset in the
+/// written block and a count up to K_max; acceptance is random within what was written. Every few
+/// rounds one item of a batch is made bad: the typed error, and nothing of the batch happens.
+template <class Ring>
+void batched_rounds(std::size_t slots, std::size_t row_bytes, std::size_t layers, std::size_t rounds,
+                    std::uint64_t seed) {
+  constexpr std::uint64_t W = Ring::window, K = Ring::max_block;
+  INFO("W=" << W << " K_max=" << K << " seed=" << seed);
+  dh::draft_ring_store<Ring> store({slots, row_bytes, layers});
+  std::vector<model_slot> model(slots);
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  const std::size_t pb = row_bytes * layers;
+  auto live_first = [&](const model_slot& m) { return m.committed > W ? m.committed - W : 0; };
+  auto same_as_model = [&] {
+    for (std::size_t s = 0; s < slots; ++s) {
+      const model_slot& m = model[s];
+      REQUIRE(store.committed(s) == m.committed);
+      REQUIRE(store.written(s) == m.written);
+      for (std::uint64_t t = live_first(m); t < m.written; ++t)
+        for (std::size_t l = 0; l < layers; ++l) {
+          const auto got = store.row(s, t, l);
+          const auto& want = m.bytes.at(t);
+          REQUIRE(std::equal(got.begin(), got.end(), want.begin() + l * row_bytes));
+        }
+    }
+  };
+  auto snapshot = [&] {
+    std::vector<std::uint64_t> b;
+    for (std::size_t s = 0; s < slots; ++s) b.insert(b.end(), {store.committed(s), store.written(s)});
+    return std::make_pair(b, std::vector<std::byte>(store.storage().begin(), store.storage().end()));
+  };
+
+  std::size_t written_items = 0, committed_items = 0, bad_batches = 0;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    std::vector<std::size_t> order(slots);
+    for (std::size_t s = 0; s < slots; ++s) order[s] = s;
+    std::shuffle(order.begin(), order.end(), rng);
+    order.resize(pick(1, slots));
+
+    // The drafter's blocks: positions committed + offset .. as the model says.
+    std::vector<std::vector<std::byte>> bytes(order.size());
+    std::vector<dh::draft_write_item> writes;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const model_slot& m = model[order[i]];
+      const std::uint64_t offset = pick(0, std::min<std::uint64_t>(m.written - m.committed, K - 1));
+      const std::size_t count = pick(1, K - offset);
+      bytes[i].resize(count * pb);
+      for (auto& b : bytes[i]) b = std::byte(rng());
+      writes.push_back({order[i], offset, bytes[i], count});
+    }
+    if (round % 7 == 3) {  // one bad item: the whole batch is refused, nothing changes
+      ++bad_batches;
+      auto bad = writes;
+      const std::size_t i = pick(0, bad.size() - 1);
+      const model_slot& m = model[bad[i].slot];
+      const auto before = snapshot();
+      std::vector<std::byte> wide((K + 1) * pb);
+      switch (pick(0, 5)) {
+        case 0:
+          bad[i].slot = slots + pick(0, 2);
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::invalid_slot);
+          break;
+        case 1:
+          bad.push_back(bad[i]);
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::duplicate_in_batch);
+          break;
+        case 2:
+          bad[i].offset = m.written - m.committed + pick(1, 2);
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::draft_write_out_of_order);
+          break;
+        case 3:
+          bad[i] = {bad[i].slot, 0, wide, K + 1};
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::block_too_wide);
+          break;
+        case 4:
+          bad[i].rows = bad[i].rows.first(bad[i].rows.size() - 1);
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::size_mismatch);
+          break;
+        default:
+          bad[i].count = 0;
+          bad[i].rows = {};
+          REQUIRE_THROWS_AS(store.write_step(bad), dh::size_mismatch);
+      }
+      REQUIRE(snapshot() == before);
+    }
+    store.write_step(writes);
+    for (const auto& it : writes) {
+      model_slot& m = model[it.slot];
+      const std::uint64_t first = m.committed + it.offset;
+      for (std::size_t j = 0; j < it.count; ++j) {
+        auto& row = m.bytes[first + j];
+        row.resize(pb);
+        for (std::size_t l = 0; l < layers; ++l)
+          std::copy_n(it.rows.begin() + (l * it.count + j) * row_bytes, row_bytes, row.begin() + l * row_bytes);
+      }
+      m.written = first + it.count;
+      ++written_items;
+    }
+    same_as_model();
+
+    // The sampler's accepted counts, for the slots with a written block (in yet another order).
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<dh::draft_commit_item> commits;
+    for (std::size_t s : order)
+      if (model[s].written > model[s].committed && pick(0, 5) != 0)
+        commits.push_back({s, static_cast<std::size_t>(pick(0, model[s].written - model[s].committed - 1))});
+    if (round % 5 == 2 && !commits.empty()) {
+      ++bad_batches;
+      auto bad = commits;
+      const std::size_t i = pick(0, bad.size() - 1);
+      const model_slot& m = model[bad[i].slot];
+      const auto before = snapshot();
+      switch (pick(0, 2)) {
+        case 0:
+          bad[i].accepted = m.written - m.committed + pick(0, 2);
+          REQUIRE_THROWS_AS(store.commit_step(bad), dh::acceptance_beyond_block);
+          break;
+        case 1:
+          bad.push_back(bad[i]);
+          REQUIRE_THROWS_AS(store.commit_step(bad), dh::duplicate_in_batch);
+          break;
+        default:
+          bad[i].slot = slots;
+          REQUIRE_THROWS_AS(store.commit_step(bad), dh::invalid_slot);
+      }
+      REQUIRE(snapshot() == before);
+    }
+    store.commit_step(commits);
+    for (const auto& it : commits) {
+      model_slot& m = model[it.slot];
+      m.committed += it.accepted + 1;
+      m.written = m.committed;
+      while (!m.bytes.empty() && m.bytes.begin()->first < live_first(m)) m.bytes.erase(m.bytes.begin());
+      ++committed_items;
+    }
+    same_as_model();
+  }
+  INFO("written=" << written_items << " committed=" << committed_items << " bad=" << bad_batches);
+  REQUIRE(written_items > rounds);
+  REQUIRE(committed_items > rounds / 2);
+  REQUIRE(bad_batches > rounds / 10);
+  // A slot that never moves has nothing to wrap; the busiest one ran past its ring several times.
+  std::uint64_t far = 0;
+  for (const auto& m : model) far = std::max(far, m.committed);
+  REQUIRE(far > 2 * Ring::rows_per_slot);
+}
+
+}  // namespace
+
+TEST_CASE("draft ring store: batched write_step and commit_step match the model", "[draft_ring_store]") {
+  batched_rounds<dh::draft_ring<5, 3, 2>>(4, 8, 2, 3000, 21);
+  batched_rounds<dh::draft_ring<0, 1, 1>>(3, 4, 1, 2000, 22);
+  batched_rounds<dh::draft_ring<16, 8, 8>>(6, 16, 3, 2000, 23);
+}
+
+TEST_CASE("draft ring store: empty batches change nothing", "[draft_ring_store]") {
+  using ring = dh::draft_ring<4, 2, 2>;
+  dh::draft_ring_store<ring> store({.slots = 2, .row_bytes = 4});
+  store.write_step({});
+  store.commit_step({});
+  REQUIRE(store.written(0) == 0);
+  // A commit of a slot with nothing written is a commit beyond the block, batched or not.
+  const dh::draft_commit_item c{1, 0};
+  REQUIRE_THROWS_AS(store.commit_step(std::span(&c, 1)), dh::acceptance_beyond_block);
+}

@@ -37,6 +37,32 @@ struct draft_ring_requirements {
   std::size_t bytes_per_slot = 0;
 };
 
+/// Book of one draft ring slot: positions [0, committed) are committed, [committed, written) the
+/// current tentative block. The CUDA store keeps one per slot in device memory (what its batched
+/// `write_step`/`commit_step` kernels read and update) and `copy_books_async` copies them out.
+struct draft_slot_state {
+  std::uint64_t committed = 0;  ///< next position to commit (n)
+  std::uint64_t written = 0;    ///< one past the last written position
+};
+static_assert(sizeof(draft_slot_state) == 16 && std::is_trivially_copyable_v<draft_slot_state>);
+
+/// One entry of a host `draft_ring_store::write_step`: positions committed + offset ..
+/// committed + offset + count - 1 of `slot` (the position is taken from the books, as the CUDA
+/// `write_step` reads it on the device), `rows` laid out as for `write` ([layer][count][row_bytes]).
+struct draft_write_item {
+  std::size_t slot = 0;
+  std::size_t offset = 0;  ///< block index of the first position written (0: the anchor)
+  std::span<const std::byte> rows;
+  std::size_t count = 1;
+};
+
+/// One entry of a host `draft_ring_store::commit_step`: the anchor and `accepted` proposals of the
+/// block of `slot` become committed.
+struct draft_commit_item {
+  std::size_t slot = 0;
+  std::size_t accepted = 0;
+};
+
 /// The drafter's view of where its positions are: `first` is the oldest live position, the window
 /// covers [first, first + count) in position order (last W committed positions, then the written
 /// part of the current block).
@@ -105,10 +131,7 @@ class draft_ring_books {
                 "dhisparse: a draft ring store needs rows_per_slot >= window + max_block and max_block >= 1");
 
  public:
-  struct slot_state {
-    std::uint64_t committed = 0;  ///< next position to commit (n)
-    std::uint64_t written = 0;    ///< one past the last written position
-  };
+  using slot_state = draft_slot_state;
 
   draft_ring_books() = default;
   explicit draft_ring_books(std::size_t slots) : slots_(slots) {}
@@ -176,6 +199,29 @@ class draft_ring_books {
   }
   /// Records a prefill checked by check_prefill: positions [0, positions) committed.
   void note_prefill(std::size_t slot, std::uint64_t positions) { slots_[slot] = {positions, positions}; }
+
+  /// Throws invalid_slot or duplicate_in_batch unless every slot of a batch (`slot_of(item)`) is in
+  /// range and named once, then `check(item)` on each: the common part of the batched calls.
+  template <class Item, class SlotOf, class Check>
+  void check_batch(std::span<const Item> batch, const char* call, SlotOf&& slot_of, Check&& check) const {
+    std::vector<std::size_t> seen;
+    seen.reserve(batch.size());
+    for (const Item& item : batch) {
+      const std::size_t slot = slot_of(item);
+      check_slot(slot);
+      const auto at = std::lower_bound(seen.begin(), seen.end(), slot);
+      if (at != seen.end() && *at == slot)
+        throw duplicate_in_batch("draft ring slot " + std::to_string(slot) + " appears twice in one " + call + " batch");
+      seen.insert(at, slot);
+      check(item);
+    }
+  }
+  /// Overwrites a slot's book with one read from elsewhere (the CUDA store absorbing its device
+  /// books); the caller guarantees the state came from books that obey the rules above.
+  void assign(std::size_t slot, const slot_state& s) {
+    check_slot(slot);
+    slots_[slot] = s;
+  }
 
   /// Drops the tentative block (a round abandoned before verification).
   void rollback(std::size_t slot) {

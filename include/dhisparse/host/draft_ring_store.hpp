@@ -13,6 +13,12 @@
 ///   ring_kv.commit(slot, accepted);              // after verification: n' = n + accepted + 1
 ///   ring_kv.reset(slot);                         // request completed
 ///
+/// Batched (the executable spec of the CUDA store's `write_step`/`commit_step`): a round's blocks
+/// of many slots at the positions the books hold, then the accepted counts of all of them:
+///
+///   ring_kv.write_step(std::span<const dhisparse::draft_write_item>(writes));  // {slot, offset, rows, count}
+///   ring_kv.commit_step(std::span<const dhisparse::draft_commit_item>(commits));  // {slot, accepted}
+///
 /// Every call validates first and throws a typed error with the store unchanged.
 #include <algorithm>
 #include <cstddef>
@@ -58,6 +64,34 @@ class draft_ring_store : public detail::draft_ring_store_base<Ring> {
     check_bytes("write", rows, count);
     copy_rows(slot, first, rows, count);
     books_.note_write(slot, first, count);
+  }
+
+  /// Writes the drafted blocks of a batch of slots (one round): item i writes positions
+  /// committed + offset .. committed + offset + count - 1 of its slot, the position taken from the
+  /// books (what the CUDA `write_step` reads on the device). Equals a `write(slot, committed +
+  /// offset, rows, count)` per item. All or nothing: every item is checked first (invalid_slot,
+  /// the same slot twice: duplicate_in_batch, then write's checks: size_mismatch for 0 positions
+  /// or a wrong byte count, draft_write_out_of_order for an offset past the written block,
+  /// block_too_wide past K_max) and on an error nothing changes.
+  void write_step(std::span<const draft_write_item> batch) {
+    books_.check_batch(batch, "write_step", [](const draft_write_item& it) { return it.slot; },
+                       [&](const draft_write_item& it) {
+                         books_.check_write(it.slot, books_.state(it.slot).committed + it.offset, it.count);
+                         check_bytes("write_step", it.rows, it.count);
+                       });
+    for (const draft_write_item& it : batch) {
+      const std::uint64_t first = books_.state(it.slot).committed + it.offset;
+      copy_rows(it.slot, first, it.rows, it.count);
+      books_.note_write(it.slot, first, it.count);
+    }
+  }
+  /// Commits the accepted prefix of a batch of slots (one round): a `commit(slot, accepted)` per
+  /// item. All or nothing: invalid_slot, duplicate_in_batch, acceptance_beyond_block (accepted >=
+  /// written - committed) are checked for every item first, and on an error nothing changes.
+  void commit_step(std::span<const draft_commit_item> batch) {
+    books_.check_batch(batch, "commit_step", [](const draft_commit_item& it) { return it.slot; },
+                       [&](const draft_commit_item& it) { books_.check_commit(it.slot, it.accepted); });
+    for (const draft_commit_item& it : batch) books_.note_commit(it.slot, it.accepted);
   }
 
   /// A new request's prompt: positions [0, positions) become committed at once, given by the
