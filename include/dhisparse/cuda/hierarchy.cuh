@@ -2205,10 +2205,10 @@ class hierarchy {
       table[s].work = src.work;
       table[s].first_layer = static_cast<std::uint32_t>(step_layer_index(s, 0));
     }
+    // One contiguous array: the kernels index `table[s]` (stride sizeof), not step_source_bytes,
+    // which only bounds the space reserved per source.
     step_table_ = reinterpret_cast<detail::step_source<order_index>*>(write_state_.data());
-    for (std::size_t s = 0; s < sources; ++s)
-      DHISPARSE_CUDA_TRY(cudaMemcpy(write_state_.data() + s * detail::step_source_bytes, &table[s], sizeof(table[s]),
-                                    cudaMemcpyHostToDevice));
+    DHISPARSE_CUDA_TRY(cudaMemcpy(step_table_, table.data(), table.size() * sizeof(table[0]), cudaMemcpyHostToDevice));
   }
   /// Forks the backup of the critical launch just enqueued on `stream` onto `backup` (record,
   /// wait, launch, record: event nodes under capture) and marks it pending.
