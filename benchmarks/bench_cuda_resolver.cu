@@ -892,9 +892,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   {
-    // The walks' bound: rows a request may draw in one configuration (its history less the tail
-    // and the cache guard of B + k rows; benchmarks/detail/workload.cuh).
-    const std::uint64_t limit = kHist - kTailRows - (kHotRows + kTopK);
+    // The walks' bound: rows a request may draw in one configuration (its history less the tail,
+    // the cache guard of B + k rows and the current selection; benchmarks/detail/workload.cuh).
+    const std::uint64_t limit = kHist - kTailRows - (kHotRows + 2 * kTopK);
     for (bool base : {true, false})
       if (rows_per_configuration(base) > limit) {
         std::fprintf(stderr,

@@ -98,8 +98,9 @@ class history_walk {
   std::uint32_t requests() const { return requests_; }
   std::uint32_t hist() const { return hist_; }
   std::uint32_t k() const { return k_; }
-  /// Rows a request can draw in one configuration at most (its permutation less the guard).
-  std::uint32_t rows_per_configuration() const { return fresh_ - guard_; }
+  /// Rows a request can always draw in one configuration (its permutation less the rows the
+  /// guard may hold back: those selected in the last `guard` draws and the current selection).
+  std::uint32_t rows_per_configuration() const { return fresh_ - guard_ - k_; }
 
   /// Starts a new configuration: rows drawn from now on may repeat rows drawn before it (once a
   /// request's permutation runs out), never each other.
@@ -199,7 +200,7 @@ struct stream_builder {
           return r;
         }
         throw std::runtime_error("request " + std::to_string(q) + " has no row left that this configuration has "
-                                 "not drawn (" + std::to_string(w.fresh_ - w.guard_) +
+                                 "not drawn (" + std::to_string(w.rows_per_configuration()) +
                                  " a configuration at most: fewer steps or methods; see docs/benchmarks.md)");
       };
       auto stamp_selection = [&](const std::vector<std::int32_t>& sel) {
