@@ -4,13 +4,20 @@
 Usage:
     python3 benchmarks/summarize.py bench_cuda_resolver.json [--strict]
 
-Prints, for docs/benchmarks.md: the pinned-memcpy ceiling, one table per row size (median step
-time of every method, p10-p90 of dhisparse, effective host-recovery bandwidth, ratios against
-the same-run baselines, overhead against resident), the resolve after the indexer stand-in
-(plain and programmatic launch), the targets with PASS/FAIL, and any
-configuration that failed (wrong bytes, CUDA error). Ratios are recomputed here from the medians,
-so they do not depend on the counters the binary adds. With --strict the exit status is 1 when a
-target fails or cannot be evaluated, or a configuration reported an error.
+Prints, for docs/benchmarks.md: the pinned-memcpy ceiling, one table per row size and translation
+state (warm, and translation-cold when the run has it: median step time of every method, p10-p90
+of dhisparse, effective host-recovery bandwidth, ratios against the same-run baselines, overhead
+against resident), every sweep point of the copy-only claimed_gather (warps per SM) and of
+one_cta_per_request (block size), the resolve after the indexer stand-in (plain and programmatic
+launch), the C = 1 ~0-miss step queued on a busy and on an idle stream, the targets with
+PASS/FAIL, every configuration more than 1.10x slower than the best copy-only run (each needs an
+explanation), and any configuration that failed (wrong bytes, CUDA error).
+
+Baselines with a sweep count by their best point: `one_cta_per_request` is the fastest block
+size, `claimed_gather` the fastest warps-per-SM point, and *best copy* the fastest copy-only run
+(naive_gather or any claimed_gather point). Ratios are recomputed here from the medians, so they
+do not depend on the counters the binary adds. With --strict the exit status is 1 when a target
+fails or cannot be evaluated, or a configuration reported an error.
 
 Standard library only (Python 3.8+).
 """
@@ -19,12 +26,17 @@ import re
 import statistics
 import sys
 
-METHODS = ["resident", "naive_gather", "one_cta_per_request", "dhisparse", "dhisparse_graph", "indexer",
-           "dhisparse_after_indexer", "dhisparse_programmatic"]
+METHODS = ["resident", "naive_gather", "claimed_gather", "one_cta_per_request", "dhisparse", "dhisparse_graph",
+           "indexer", "dhisparse_after_indexer", "dhisparse_programmatic", "dhisparse_idle"]
 NAME_RE = re.compile(
-    r"^resolve/(?P<method>[a-z_]+)/row_bytes:(?P<rb>\d+)/miss_pct:(?P<pct>[0-9.e+-]+)/C:(?P<C>\d+)")
+    r"^resolve/(?P<method>[a-z_]+)/row_bytes:(?P<rb>\d+)/miss_pct:(?P<pct>[0-9.e+-]+)/C:(?P<C>\d+)"
+    r"(?:/warps_per_sm:(?P<wps>\d+))?(?:/threads:(?P<threads>\d+))?(?:/translation:(?P<tr>warm|cold))?(?:/|$)")
 
 ZERO_MISS_PCT = 0.1  # the "~0 misses" configuration
+COPY_TARGET = 1.05   # dhisparse / best copy-only, every C >= COPY_TARGET_MIN_C
+COPY_FLAG = 1.10     # above this, a configuration is listed for explanation
+COPY_TARGET_MIN_C = 32
+TRANSLATIONS = ("warm", "cold")
 
 
 def load(path):
@@ -55,13 +67,19 @@ def collect(benchmarks):
         m = NAME_RE.match(name)
         if not m:
             continue
-        key = (int(m.group("rb")), round(float(m.group("pct")), 6), int(m.group("C")))
+        key = (int(m.group("rb")), round(float(m.group("pct")), 6), int(m.group("C")), m.group("tr") or "warm")
+        method = m.group("method")
+        variant = None
+        if m.group("wps"):
+            variant = int(m.group("wps"))
+        elif m.group("threads"):
+            variant = int(m.group("threads"))
 
         def med(field, reps=reps):
             vals = [r[field] for r in reps if field in r]
             return statistics.median(vals) if vals else None
 
-        cells.setdefault(key, {})[m.group("method")] = {
+        stats = {
             "median_us": med("median_us"),
             "p10_us": med("p10_us"),
             "p90_us": med("p90_us"),
@@ -70,7 +88,11 @@ def collect(benchmarks):
             "miss_bytes": med("miss_bytes_per_step"),
             "steps": med("timed_steps"),
             "repetitions": len(reps),
+            "variant": variant,
         }
+        cells.setdefault(key, {})[method if variant is None else f"{method}@{variant}"] = stats
+    for c in cells.values():
+        add_best_points(c)
     mc = None
     if memcpy:
         gbps = [b["GBps"] for b in memcpy if "GBps" in b]
@@ -79,6 +101,36 @@ def collect(benchmarks):
               "median_us": statistics.median(med_us) if med_us else None,
               "bytes": memcpy[0].get("bytes")}
     return mc, cells, errors
+
+
+def best_of(stats):
+    """The lowest-median entry of a list of stats (None if none has a median)."""
+    timed = [x for x in stats if x.get("median_us") is not None]
+    return min(timed, key=lambda x: x["median_us"]) if timed else None
+
+
+def add_best_points(c):
+    """Adds to a configuration's cell the best point of each swept baseline under the base name
+    (one_cta_per_request: the fastest block size; claimed_gather: the fastest warps per SM) and
+    `best_copy`, the fastest copy-only run (naive_gather or any claimed_gather point)."""
+    for base in ("one_cta_per_request", "claimed_gather"):
+        points = [v for k, v in c.items() if k == base or k.startswith(base + "@")]
+        best = best_of(points)
+        if best is not None:
+            c[base] = best
+    best = best_of([v for k, v in c.items() if k == "naive_gather" or k.startswith("claimed_gather@")])
+    if best is not None:
+        c["best_copy"] = dict(best, source=next(k for k, v in c.items() if v is best))
+
+
+def sweep_points(c, base):
+    """[(variant, stats)] of a swept baseline, in variant order."""
+    return sorted(((v["variant"], v) for k, v in c.items() if k.startswith(base + "@")), key=lambda x: x[0])
+
+
+def for_translation(cells, tr):
+    """The cells of one translation state, keyed (row bytes, miss %, C)."""
+    return {k[:3]: v for k, v in cells.items() if k[3] == tr}
 
 
 def fmt(v, digits=1):
@@ -118,14 +170,22 @@ def table_head(*columns):
     return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
 
 
-def results_tables(cells, memcpy_gbps):
+def variant_text(cell, method):
+    v = (cell.get(method) or {}).get("variant")
+    return "" if v is None else f" ({v})"
+
+
+def results_tables(cells, memcpy_gbps, tr="warm"):
     out = []
+    state = "warm translations" if tr == "warm" else "translation-cold"
     for rb in sorted({k[0] for k in cells}):
         keys = sorted(k for k in cells if k[0] == rb)
-        out.append(f"### Rows of {rb} bytes: median step time (µs)\n")
-        out.append("One step = one resolve of the whole batch (CUDA events). dhisparse with its p10–p90 spread.\n")
-        out += table_head("misses", "C", "misses/step", "resident", "naive_gather", "one_cta_per_request",
-                          "dhisparse (p10–p90)", "dhisparse_graph")
+        out.append(f"### Rows of {rb} bytes, {state}: median step time (µs)\n")
+        out.append("One step = one resolve of the whole batch (CUDA events). dhisparse with its p10–p90 spread; "
+                   "one_cta_per_request at its fastest block size (threads), claimed_gather at its fastest warps "
+                   "per SM, *best copy* the fastest copy-only run.\n")
+        out += table_head("misses", "C", "misses/step", "resident", "naive_gather", "claimed_gather (w/SM)",
+                          "best copy", "one_cta_per_request (threads)", "dhisparse (p10–p90)", "dhisparse_graph")
         for key in keys:
             _, pct, C = key
             c = cells[key]
@@ -135,16 +195,19 @@ def results_tables(cells, memcpy_gbps):
                 dh_cell += f" ({fmt(t(c, 'dhisparse', 'p10_us'))}–{fmt(t(c, 'dhisparse', 'p90_us'))})"
             misses = next((s.get("misses") for s in c.values() if s.get("misses") is not None), None)
             row = [pct_text(pct), str(C), fmt(misses, 0), fmt(t(c, "resident")), fmt(t(c, "naive_gather")),
-                   fmt(t(c, "one_cta_per_request")), dh_cell, fmt(t(c, "dhisparse_graph"))]
+                   fmt(t(c, "claimed_gather")) + variant_text(c, "claimed_gather"), fmt(t(c, "best_copy")),
+                   fmt(t(c, "one_cta_per_request")) + variant_text(c, "one_cta_per_request"), dh_cell,
+                   fmt(t(c, "dhisparse_graph"))]
             out.append("| " + " | ".join(row) + " |")
         out.append("")
-        out.append(f"### Rows of {rb} bytes: bandwidth and ratios\n")
+        out.append(f"### Rows of {rb} bytes, {state}: bandwidth and ratios\n")
         out.append("GB/s = missing bytes of the step / median step time. Time ratios are dhisparse / baseline "
                    "(lower is better); *speedup* = one_cta_per_request / dhisparse; *overhead* compares with "
                    "resident (every row in HBM).\n")
-        out += table_head("misses", "C", "dhisparse GB/s", "one-CTA GB/s", "naive GB/s", "dhisparse BW / memcpy",
-                          "dhisparse / one-CTA", "speedup vs one-CTA", "dhisparse / naive",
-                          "overhead: dhisparse / resident", "dhisparse − resident (µs)", "one-CTA / resident")
+        out += table_head("misses", "C", "dhisparse GB/s", "one-CTA GB/s", "naive GB/s", "best copy GB/s",
+                          "dhisparse BW / memcpy", "dhisparse / one-CTA", "speedup vs one-CTA", "dhisparse / naive",
+                          "dhisparse / best copy", "overhead: dhisparse / resident", "dhisparse − resident (µs)",
+                          "one-CTA / resident")
         for key in keys:
             _, pct, C = key
             c = cells[key]
@@ -154,17 +217,64 @@ def results_tables(cells, memcpy_gbps):
             row = [
                 pct_text(pct), str(C),
                 fmt(dh_bw), fmt(gbps(c, "one_cta_per_request")), fmt(gbps(c, "naive_gather")),
+                fmt(gbps(c, "best_copy")),
                 fmt(ratio(dh_bw, memcpy_gbps), 2),
                 fmt(ratio(dh, t(c, "one_cta_per_request")), 2),
                 fmt(ratio(t(c, "one_cta_per_request"), dh), 2),
                 fmt(ratio(dh, t(c, "naive_gather")), 2),
+                fmt(ratio(dh, t(c, "best_copy")), 2),
                 fmt(ratio(dh, res), 2),
                 fmt(None if dh is None or res is None else dh - res),
                 fmt(ratio(t(c, "one_cta_per_request"), res), 2),
             ]
             out.append("| " + " | ".join(row) + " |")
         out.append("")
+        out += sweep_table(cells, rb, state)
     return out
+
+
+def sweep_table(cells, rb, state):
+    """Every sweep point's median (µs): claimed_gather per warps per SM, one_cta_per_request per
+    block size (only when the run has sweep points)."""
+    keys = sorted(k for k in cells if k[0] == rb)
+    wps = sorted({v for k in keys for v, _ in sweep_points(cells[k], "claimed_gather")})
+    threads = sorted({v for k in keys for v, _ in sweep_points(cells[k], "one_cta_per_request")})
+    if not wps and not threads:
+        return []
+    out = [f"### Rows of {rb} bytes, {state}: sweep points (median µs)\n",
+           "claimed_gather at each number of warps per SM; one_cta_per_request at each block size.\n"]
+    out += table_head("misses", "C", *[f"claimed {w} w/SM" for w in wps], *[f"one-CTA {n} thr" for n in threads])
+    for key in keys:
+        _, pct, C = key
+        c = cells[key]
+        cg = dict(sweep_points(c, "claimed_gather"))
+        oc = dict(sweep_points(c, "one_cta_per_request"))
+        row = [pct_text(pct), str(C)] + [fmt((cg.get(w) or {}).get("median_us")) for w in wps] + \
+              [fmt((oc.get(n) or {}).get("median_us")) for n in threads]
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    return out
+
+
+def launch_table(cells4):
+    """The C = 1 ~0-miss step queued on a busy stream (the L2 flush still running: dhisparse)
+    and on an idle one (dhisparse_idle: the host's launch latency inside the events)."""
+    rows = []
+    for (rb, pct, C, tr), c in sorted(cells4.items()):
+        if C != 1 or pct != round(ZERO_MISS_PCT, 6) or t(c, "dhisparse_idle") is None:
+            continue
+        busy, idle = t(c, "dhisparse"), t(c, "dhisparse_idle")
+        rows.append(f"| {tr} | {rb} | {fmt(busy, 2)} | {fmt(idle, 2)} | "
+                    f"{fmt(None if busy is None else idle - busy, 2)} |")
+    if not rows:
+        return []
+    out = ["### C = 1, ~0 misses: busy and idle stream (µs)\n",
+           "*Busy*: the step queued while the L2 flush still runs (the usual timing: the host's launch "
+           "latency is hidden); *idle*: the same step queued on an idle stream after the flush, so the "
+           "host's launch latency falls inside the events.\n"]
+    out += table_head("translation", "row bytes", "dhisparse, busy stream", "dhisparse, idle stream",
+                      "launch gap (idle − busy)")
+    return out + rows + [""]
 
 
 def pipeline_tables(cells):
@@ -266,6 +376,33 @@ def targets(cells, memcpy_gbps):
     return lines, all_ok
 
 
+def copy_targets(cells4):
+    """dhisparse ≤ 1.05× the best copy-only run at every C ≥ 32, every miss rate, row size and
+    translation state in the run. Returns (target rows, flagged lines, all_ok): flagged are the
+    configurations above 1.10×, each of which needs an explanation."""
+    rows, flagged = [], []
+    all_ok = True
+    for (rb, pct, C, tr), c in sorted(cells4.items(), key=lambda kv: (kv[0][3] != "warm", kv[0])):
+        if C < COPY_TARGET_MIN_C or t(c, "dhisparse") is None:
+            continue
+        r = ratio(t(c, "dhisparse"), t(c, "best_copy"))
+        lo = ratio(t(c, "dhisparse", "p10_us"), t(c, "best_copy", "p90_us"))
+        hi = ratio(t(c, "dhisparse", "p90_us"), t(c, "best_copy", "p10_us"))
+        ok = None if r is None else r <= COPY_TARGET
+        if ok is not True:
+            all_ok = False
+        source = (c.get("best_copy") or {}).get("source", "–").replace("@", " at ")
+        desc = (f"C={C}, {pct_text(pct)} misses, translation {tr}: dhisparse time ≤ {COPY_TARGET:.2f}× the best "
+                f"copy-only run")
+        rows.append(f"| {rb} | {desc} | {fmt(r, 3)}{spread_text(lo, hi, 3)} (best copy: {source}) | "
+                    f"≤ {COPY_TARGET:.2f} | **{verdict_text(ok, lo, hi, COPY_TARGET)}** |")
+        if r is not None and r > COPY_FLAG:
+            flagged.append(f"- rows of {rb} B, C = {C}, {pct_text(pct)} misses, translation {tr}: dhisparse "
+                           f"{fmt(t(c, 'dhisparse'))} µs = {fmt(r, 2)}× the best copy-only run ({source}, "
+                           f"{fmt(t(c, 'best_copy'))} µs)")
+    return rows, flagged, all_ok
+
+
 def main(argv):
     args = [a for a in argv[1:] if not a.startswith("--")]
     strict = "--strict" in argv[1:]
@@ -279,7 +416,10 @@ def main(argv):
     out = ["## bench_cuda_resolver results", ""]
     ctx = []
     for k in ("host_name", "date", "executable", "num_cpus", "library_build_type",
-              "dhisparse_timed_steps", "dhisparse_warmup_steps", "dhisparse_history_rows", "dhisparse_flush_l2"):
+              "dhisparse_timed_steps", "dhisparse_warmup_steps", "dhisparse_baseline_timed_steps",
+              "dhisparse_baseline_warmup_steps", "dhisparse_history_rows", "dhisparse_flush_l2",
+              "dhisparse_warps_per_sm", "dhisparse_claim_rows", "dhisparse_one_cta_threads",
+              "dhisparse_translation"):
         if k in context:
             ctx.append(f"{k}={context[k]}")
     if ctx:
@@ -289,11 +429,24 @@ def main(argv):
                 f"**{fmt(memcpy_gbps)} GB/s** ({fmt(memcpy.get('median_us'))} µs)", ""]
     else:
         out += ["Pinned memcpy baseline: missing (bandwidth ratios cannot be computed)", ""]
-    out += results_tables(cells, memcpy_gbps)
-    out += pipeline_tables(cells)
+    warm = for_translation(cells, "warm")
+    for tr in TRANSLATIONS:
+        part = for_translation(cells, tr)
+        if part:
+            out += results_tables(part, memcpy_gbps, tr)
+    out += pipeline_tables(warm)
+    out += launch_table(cells)
     out += ["### Targets", ""]
-    tl, ok = targets(cells, memcpy_gbps)
-    out += tl + [""]
+    out.append("Targets 1–6 are judged with warm translations, against one_cta_per_request at its fastest block "
+               "size; the copy-only target at every C ≥ 32 in every translation state of the run.")
+    out.append("")
+    tl, ok = targets(warm, memcpy_gbps)
+    copy_rows, flagged, copy_ok = copy_targets(cells)
+    out += tl + copy_rows + [""]
+    ok = ok and copy_ok
+    if flagged:
+        out += [f"### Above {COPY_FLAG:.2f}× the best copy-only run (each needs an explanation)", ""]
+        out += flagged + [""]
     if errors:
         out += ["### Failed configurations", ""]
         out += [f"- `{n}`: {msg}" for n, msg in errors]

@@ -6,11 +6,16 @@
 ///  * naive_gather:  a flat warp-per-row zero-copy gather of exactly a step's missing rows, in the
 ///                   order the selections emit them, from the pinned history into a device buffer
 ///                   (copy only: no lookup, no cache state, no locations);
+///  * claimed_gather: the same copy, each warp claiming the next group of missing rows from a
+///                   device counter (one row in flight per warp), at a chosen number of warps per
+///                   SM: the copy-only times dhisparse is held against are the best of these and
+///                   naive_gather's;
 ///  * resident:      the whole history in HBM; resolving is `location = request base + row`;
 ///  * indexer:       a stand-in for the kernel that writes a step's selections before the resolve
 ///                   (the engine's top-k indexer): copies them into the batch buffer.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -63,6 +68,54 @@ template <int RowBytes>
 void launch_naive_gather(const std::byte* history, std::byte* out, const std::int32_t* gidx, int n, int sms,
                          cudaStream_t s) {
   naive_gather_kernel<RowBytes><<<sms * 4, 512, 0, s>>>(history, out, gidx, n);
+}
+
+/// Warps per CTA of claimed_gather (grid = SMs x warps per SM / this).
+constexpr int claimed_warps_per_cta = 4;
+
+/// claimed_gather: row i of the output is history row gidx[i]. Each warp claims `group` rows at a
+/// time from *next (zeroed before the launch) and copies them one after the other.
+template <int RowBytes>
+__global__ void __launch_bounds__(32 * claimed_warps_per_cta) claimed_gather_kernel(
+    const std::byte* __restrict__ history, std::byte* __restrict__ out, const std::int32_t* __restrict__ gidx, int n,
+    int group, unsigned int* __restrict__ next) {
+  const int lane = threadIdx.x & 31;
+  while (true) {
+    unsigned first = 0;
+    if (lane == 0) first = atomicAdd(next, static_cast<unsigned>(group));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (first >= static_cast<unsigned>(n)) return;
+    const int end = min(n, static_cast<int>(first) + group);
+    for (int i = static_cast<int>(first); i < end; ++i) {
+      const auto* src = reinterpret_cast<const int4*>(history + static_cast<std::size_t>(gidx[i]) * RowBytes);
+      auto* dst = reinterpret_cast<int4*>(out + static_cast<std::size_t>(i) * RowBytes);
+      warp_copy_row<RowBytes>(src, dst, lane);
+    }
+  }
+}
+
+/// `next` must hold 0 (the caller zeroes it outside its timing).
+template <int RowBytes>
+void launch_claimed_gather(const std::byte* history, std::byte* out, const std::int32_t* gidx, int n, int group,
+                           unsigned int* next, int sms, int warps_per_sm, cudaStream_t s) {
+  const int grid = std::max(1, sms * warps_per_sm / claimed_warps_per_cta);
+  claimed_gather_kernel<RowBytes><<<grid, 32 * claimed_warps_per_cta, 0, s>>>(history, out, gidx, n, group, next);
+}
+
+/// Translation scrub: one 16-byte store every `stride` bytes of a buffer of `bytes`, so that the
+/// GPU's address translation caches hold the buffer's pages and none of the rows' or the
+/// resolver state's (a store per 4 KiB touches every page whatever page size backs it).
+__global__ void __launch_bounds__(256) translation_scrub_kernel(std::byte* __restrict__ p, std::size_t bytes,
+                                                                std::size_t stride, int tag) {
+  const std::size_t touches = bytes / stride;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < touches;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    *reinterpret_cast<int4*>(p + i * stride) = make_int4(tag, tag, tag, tag);
+}
+
+inline void launch_translation_scrub(std::byte* p, std::size_t bytes, std::size_t stride, int tag, int sms,
+                                     cudaStream_t s) {
+  if (bytes >= stride) translation_scrub_kernel<<<sms * 8, 256, 0, s>>>(p, bytes, stride, tag);
 }
 
 /// resident: loc[b*k + j] = req[b]*hist + sel[b*k + j] (-1 passes). Four entries per thread.

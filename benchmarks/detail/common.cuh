@@ -126,6 +126,17 @@ __global__ void verify_gather_kernel(const std::int32_t* __restrict__ gidx, int 
   }
 }
 
+/// Checks two int32 arrays for equality: bad[0] counts differing entries, bad[1] = first + 1.
+__global__ void verify_equal_kernel(const std::int32_t* __restrict__ a, const std::int32_t* __restrict__ b, long long n,
+                                    unsigned long long* bad) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) {
+      atomicAdd(&bad[0], 1ull);
+      atomicCAS(&bad[1], 0ull, static_cast<unsigned long long>(i) + 1);
+    }
+}
+
 /// Device scratch for the verification kernels (two counters).
 class verifier {
  public:
@@ -145,6 +156,11 @@ class verifier {
     verify_locations_kernel<<<1024, 256, 0, s>>>(sel, loc, req, items, stride, entries,
                                                   static_cast<const std::uint64_t*>(pool), pool_rows, row_bytes / 8,
                                                   bad_);
+    return fetch(s);
+  }
+  result equal(const std::int32_t* a, const std::int32_t* b, long long n, cudaStream_t s) {
+    DHB_CHECK(cudaMemsetAsync(bad_, 0, 2 * sizeof(unsigned long long), s));
+    if (n > 0) verify_equal_kernel<<<256, 256, 0, s>>>(a, b, n, bad_);
     return fetch(s);
   }
   result gather(const std::int32_t* gidx, int n, const void* dst, int row_bytes, std::uint32_t hist, cudaStream_t s) {

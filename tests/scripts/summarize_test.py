@@ -17,9 +17,10 @@ import summarize  # noqa: E402
 ROW_BYTES = 576
 
 
-def run(method, pct, C, median, p10=None, p90=None, misses=None, **extra):
+def run(method, pct, C, median, p10=None, p90=None, misses=None, suffix="", **extra):
+    """One entry; `suffix` is the name's sweep point and translation (e.g. "/warps_per_sm:8/translation:cold")."""
     misses = misses if misses is not None else round(C * 2048 * pct / 100)
-    b = {"name": f"resolve/{method}/row_bytes:{ROW_BYTES}/miss_pct:{pct:g}/C:{C}/iterations:64/manual_time",
+    b = {"name": f"resolve/{method}/row_bytes:{ROW_BYTES}/miss_pct:{pct:g}/C:{C}{suffix}/iterations:64/manual_time",
          "run_type": "iteration", "median_us": median, "p10_us": p10 if p10 is not None else median,
          "p90_us": p90 if p90 is not None else median, "misses_per_step": misses,
          "miss_bytes_per_step": misses * ROW_BYTES, "timed_steps": 64}
@@ -37,6 +38,9 @@ def passing_run():
         run("one_cta_per_request", 20, 128, 1600.0), run("dhisparse", 20, 128, 800.0),
         run("dhisparse", 0.1, 1, 9.0), run("dhisparse_graph", 0.1, 1, 8.5),
         run("dhisparse", 0.1, 128, 9.5),
+        # Copy-only runs where the copy target applies (C >= 32): dhisparse / best copy 0.8 and 0.73.
+        run("naive_gather", 20, 128, 1100.0), run("claimed_gather", 20, 128, 1000.0, suffix="/warps_per_sm:8"),
+        run("naive_gather", 0.1, 128, 13.0),
     ]
 
 
@@ -78,6 +82,10 @@ MEMCPY = "C=128, 20% misses: dhisparse bandwidth ≥ 0.70× pinned memcpy"
 ONE_CTA = "C=128, 20% misses: dhisparse bandwidth ≥ 1.15× one_cta_per_request"
 ZERO1 = "C=1, ~0 misses (0.1%): dhisparse step ≤ 10 µs"
 ZERO128 = "C=128, ~0 misses (0.1%): dhisparse step ≤ 10 µs"
+
+
+def copy_target(pct, C, tr="warm"):
+    return f"C={C}, {pct:g}% misses, translation {tr}: dhisparse time ≤ 1.05× the best copy-only run"
 
 
 class Targets(unittest.TestCase):
@@ -146,6 +154,67 @@ class Targets(unittest.TestCase):
         benchmarks = passing_run() + [run("dhisparse", 20, 1, 30.0), run("dhisparse", 20, 1, 16.0)]
         # dhisparse C1 20 %: medians 15, 30, 16 -> 16; 16 / 60 = 0.267
         self.assertIn("0.267", summarize_runs(benchmarks)[1])
+
+
+class Sweeps(unittest.TestCase):
+    def test_one_cta_counts_by_its_fastest_block_size(self):
+        benchmarks = [b for b in passing_run() if not b["name"].startswith("resolve/one_cta_per_request/")]
+        for C, times in ((1, (70.0, 60.0, 65.0)), (8, (75.0, 70.0, 90.0)), (128, (1700.0, 1650.0, 1600.0))):
+            for threads, median in zip((256, 512, 1024), times):
+                benchmarks.append(run("one_cta_per_request", 20, C, median, suffix=f"/threads:{threads}"))
+        status, text = summarize_runs(benchmarks, "--strict")
+        self.assertEqual(set(verdicts(text).values()), {"PASS"}, text)
+        self.assertIn("0.250", text)  # C1: 15 / 60, the 512-thread point
+        self.assertIn("1,600 (1024)", text)  # C128's best: 1024 threads
+        self.assertIn("| one-CTA 256 thr | one-CTA 512 thr | one-CTA 1024 thr |", text)
+        self.assertEqual(status, 0)
+
+    def test_best_copy_is_the_fastest_copy_only_run(self):
+        benchmarks = passing_run() + [run("claimed_gather", 20, 128, 950.0, suffix="/warps_per_sm:32"),
+                                      run("claimed_gather", 20, 128, 1200.0, suffix="/warps_per_sm:4")]
+        text = summarize_runs(benchmarks)[1]
+        # 800 / 950 = 0.842, the 32-warp point
+        self.assertIn("0.842 (p10–p90 0.842–0.842) (best copy: claimed_gather at 32)", text)
+        self.assertIn("| claimed 4 w/SM | claimed 8 w/SM | claimed 32 w/SM |", text)
+
+    def test_copy_target_fails_and_flags_above_1_10(self):
+        slightly = replaced(passing_run(), "claimed_gather", 20, 128, median_us=740.0, p10_us=740.0, p90_us=740.0)
+        status, text = summarize_runs(slightly, "--strict")
+        self.assertEqual(verdicts(text)[copy_target(20, 128)], "FAIL")  # 800 / 740 = 1.081
+        self.assertNotIn("needs an explanation", text)
+        self.assertEqual(status, 1)
+        far = replaced(passing_run(), "claimed_gather", 20, 128, median_us=700.0, p10_us=700.0, p90_us=700.0)
+        text = summarize_runs(far)[1]
+        self.assertEqual(verdicts(text)[copy_target(20, 128)], "FAIL")  # 1.143
+        self.assertIn("1.14× the best copy-only run (claimed_gather at 8, 700.0 µs)", text)
+
+    def test_copy_target_only_from_c32(self):
+        found = verdicts(summarize_runs(passing_run() + [run("naive_gather", 20, 8, 10.0)])[1])
+        self.assertNotIn(copy_target(20, 8), found)
+        self.assertIn(copy_target(20, 128), found)
+
+    def test_missing_copy_run_is_missing(self):
+        benchmarks = [b for b in passing_run() if "miss_pct:0.1/C:128" not in b["name"] or "dhisparse" in b["name"]]
+        status, text = summarize_runs(benchmarks, "--strict")
+        self.assertEqual(verdicts(text)[copy_target(0.1, 128)], "MISSING")
+        self.assertEqual(status, 1)
+
+    def test_translation_states_are_kept_apart(self):
+        cold = [run("dhisparse", 20, 128, 900.0, suffix="/translation:cold"),
+                run("naive_gather", 20, 128, 950.0, suffix="/translation:cold")]
+        warm_named = [dict(b, name=b["name"].replace("/iterations", "/translation:warm/iterations"))
+                      for b in passing_run()]
+        status, text = summarize_runs(warm_named + cold, "--strict")
+        found = verdicts(text)
+        self.assertEqual(found[copy_target(20, 128, "cold")], "PASS")  # 900 / 950
+        self.assertIn("0.947 (p10–p90 0.947–0.947) (best copy: naive_gather)", text)
+        self.assertEqual(found[C1], "PASS")  # warm-named entries read as before
+        self.assertIn("### Rows of 576 bytes, translation-cold: median step time", text)
+        self.assertEqual(status, 0)
+
+    def test_busy_and_idle_stream(self):
+        text = summarize_runs(passing_run() + [run("dhisparse_idle", 0.1, 1, 14.5)])[1]
+        self.assertIn("| warm | 576 | 9.00 | 14.50 | 5.50 |", text)
 
 
 class Pipeline(unittest.TestCase):
