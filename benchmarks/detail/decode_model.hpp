@@ -74,6 +74,21 @@ DHD_HD inline float fp8_e4m3_to_float(std::uint8_t b) {
   return (b & 0x80) != 0 ? -mag : mag;
 }
 
+/// The sparse-attention query of (tag, source, payload layer, head, dim): fixed per session (the
+/// selections carry the step's variation), uniform in [-1, 1) / sqrt(row dims). Every operation is
+/// correctly rounded (the product and difference exact), so host and device compute the same float.
+DHD_HD inline float attention_query(std::uint64_t tag, unsigned source, unsigned layer, unsigned head, unsigned dim,
+                                    unsigned dims) {
+  const std::uint64_t h = mix64(tag ^ 0xA77Eull ^ (static_cast<std::uint64_t>(source) << 48) ^
+                                (static_cast<std::uint64_t>(layer) << 40) ^ (static_cast<std::uint64_t>(head) << 24) ^ dim);
+  const float u = 2.0f * (static_cast<float>(h >> 40) * (1.0f / 16777216.0f)) - 1.0f;  // exact: 24-bit grid
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(u, __fsqrt_rn(static_cast<float>(dims)));
+#else
+  return u / std::sqrt(static_cast<float>(dims));
+#endif
+}
+
 /// Indexer key dimensions (int8) per stored row; with the fp32 scale, 132 bytes as the layouts state.
 inline constexpr unsigned index_dims = 128;
 

@@ -12,7 +12,8 @@
 ///   top-k      the same sort as plain decode over K segments per entry, gathered into a
 ///              verify_batch_view's buffers (query j of entry e at e * K + j)
 ///   verify     `verify(source, verify_batch_view, producer_only)` (resident: slot * max_rows + row)
-///   attention  attention_kernel over K * cap virtual entries (entry e's query j at e * K + j)
+///   attention  attention<row_bytes, value_dims> over K * cap virtual entries (entry e's query j at
+///              e * K + j)
 ///   commit     accepted counts precomputed on the host from the documented distribution, uploaded
 ///              before the replay; `commit(source, commit_view)`; then the walk and the token count
 ///              move past the accepted tokens (spec_advance_kernel)

@@ -14,7 +14,8 @@
 ///   resolve    hierarchy::resolve(source, batch_view, producer_only) (resident: locations =
 ///              slot * max_rows + row)
 ///   followers  hierarchy::copy_follower for payload layers 1..
-///   attention  attention_kernel over every payload layer of the source
+///   attention  attention<row_bytes, value_dims> (split kernel + combine) over every payload
+///              layer of the source
 ///   stand-in   one cuBLAS GEMM of the batch (speculative: K rows a session) against --weight-gib
 ///              GiB of bf16 weights
 ///   (advance   token counters, a one-CTA kernel, counted in the step)
@@ -252,7 +253,7 @@ class decode_run {
   static constexpr unsigned row_bytes = Slice::sources[0].row_bytes;
   static constexpr unsigned m = Slice::sources[0].positions_per_row;
   static constexpr unsigned value_dims = row_bytes - row_bytes / 9;  // 576 -> 512 latent, 288 -> 256
-  static_assert(row_bytes % 32 == 0 && row_bytes <= 576 && value_dims <= 2 * attention_threads);
+  static_assert(row_bytes % 32 == 0 && row_bytes <= 576 && (value_dims == 256 || value_dims == 512));
   static constexpr unsigned layers_of(std::size_t s) { return static_cast<unsigned>(Slice::sources[s].payload_layers); }
   static constexpr unsigned max_l = static_cast<unsigned>(dhisparse::max_payload_layers_per_source<Slice>());
   static_assert(max_l <= max_layers);
@@ -661,7 +662,10 @@ class decode_run {
     seg_end_ = dev_array<int>(capv());
     out_ = dev_array<float>(S * max_l * static_cast<std::size_t>(capv()) * o_.heads * value_dims);
     ref_ = dev_array<float>(out_.n);
-    scratch_ = dev_array<float>(static_cast<std::size_t>(capv()) * max_layers * o_.heads * K);
+    // One split for the whole run (every source, policy and the reference), chosen for the slice's
+    // layers: the outputs the checks compare are computed in the same order.
+    split_ = attention_split<row_bytes>(capv(), max_l, K);
+    scratch_ = dev_array<float>(attention_scratch_floats(split_, capv(), max_l, o_.heads, value_dims));
     stats_ = dev_array<dhisparse::cuda::entry_stats>(S * cap_);
     counters_ = dev_array<unsigned long long>(8);
     for (std::size_t s = 0; s < S; ++s) batches_.emplace_back(cap_, K);
@@ -689,8 +693,7 @@ class decode_run {
                                                                  static_cast<int>(capv()), seg_begin_.p, seg_end_.p, 0,
                                                                  32, stream_));
     sort_temp_ = dev_array<std::byte>(sort_temp_bytes_);
-    DHD_CUDA(cudaFuncSetAttribute(attention_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(attention_smem_bytes(o_.heads, row_bytes))));
+    DHD_CUDA((attention_prepare<row_bytes, value_dims>()));
   }
 
   batch_out batch_of(std::size_t s, policy p) const {
@@ -725,6 +728,8 @@ class decode_run {
     a.value_dims = value_dims;
     a.heads = o_.heads;
     a.source = static_cast<unsigned>(s);
+    a.splits = split_.splits;
+    a.split_rows = split_.rows;
     a.generate = generate;
     return a;
   }
@@ -787,9 +792,7 @@ class decode_run {
           for (unsigned l = 1; l < layers_of(s); ++l) h->copy_follower(s, l, stream_);
         break;
       case 5:
-        attention_kernel<><<<dim3(cap_, layers_of(s)), attention_threads, attention_smem_bytes(o_.heads, row_bytes), stream_>>>(
-            attention_of(s, p, base, out_.p, false));
-        DHD_CUDA(cudaGetLastError());
+        DHD_CUDA((attention<row_bytes, value_dims>(attention_of(s, p, base, out_.p, false), layers_of(s), stream_)));
         break;
       default: break;
     }
@@ -862,9 +865,7 @@ class decode_run {
           for (unsigned l = 1; l < layers_of(s); ++l) h->copy_follower(s, l, stream_);
         break;
       case 5:
-        attention_kernel<><<<dim3(capv(), layers_of(s)), attention_threads, attention_smem_bytes(o_.heads, row_bytes), stream_>>>(
-            attention_of(s, p, base, out_.p, false));
-        DHD_CUDA(cudaGetLastError());
+        DHD_CUDA((attention<row_bytes, value_dims>(attention_of(s, p, base, out_.p, false), layers_of(s), stream_)));
         break;
       case 6:
         if (h != nullptr) h->commit(s, dhisparse::cuda::commit_view{slots_.p, accepted_.p, cap_}, stream_);
@@ -877,9 +878,7 @@ class decode_run {
   /// bit for bit (the resident computation without its memory: equal outputs mean equal to resident).
   void check_step(const step_state&, policy p, hierarchy_t*, const std::array<std::array<const std::byte*, max_layers>, S>& bases) {
     for (std::size_t s = 0; s < S; ++s) {
-      attention_kernel<><<<dim3(capv(), layers_of(s)), attention_threads, attention_smem_bytes(o_.heads, row_bytes), stream_>>>(
-          attention_of(s, p, bases[s], ref_.p, true));
-      DHD_CUDA(cudaGetLastError());
+      DHD_CUDA((attention<row_bytes, value_dims>(attention_of(s, p, bases[s], ref_.p, true), layers_of(s), stream_)));
       const std::size_t off = s * max_l * static_cast<std::size_t>(capv()) * o_.heads * value_dims;
       compare_outputs_kernel<><<<256, 256, 0, stream_>>>(out_.p + off, ref_.p + off, kb_ > 1 ? qcount_.p : count_.p,
                                                        kb_ > 1 ? qslots_.p : slots_.p, layers_of(s), capv(),
@@ -932,6 +931,7 @@ class decode_run {
   dev_array<std::byte> new_rows_, sort_temp_;
   dev_array<const std::byte*> layer_rows_;
   dev_array<float> out_, ref_, scratch_;
+  attention_split_shape split_;
   dev_array<dhisparse::cuda::entry_stats> stats_;
   dev_array<unsigned long long> counters_;
   dev_array<dhisparse::location> resident_locs_;

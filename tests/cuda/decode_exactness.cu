@@ -10,8 +10,12 @@
 #include "../support/catch.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <dhisparse/layouts/deepseek_v41_flash.hpp>
@@ -91,6 +95,166 @@ std::size_t differing_floats(const std::vector<float>& got, const std::vector<fl
     differ += a != b ? 1 : 0;
   }
   return differ;
+}
+
+// The split attention kernel against the test's own model in double precision: scores over all
+// row_bytes fp8 dims of the rows the selections name (read from a pool at their locations), a
+// softmax over the non-padding rows, the weighted sum of the latent dims. Different arithmetic,
+// so a tolerance: relative 1e-4 of the value plus 1e-5 of the softmax-weighted mean |x| (the sum
+// cancels, so the value alone can be far smaller than the terms' rounding). Also: the generated
+// reference equals the pool path bit for bit, with the bench's split and with one split; padding
+// entries (slot -1, past the count) get no output.
+template <unsigned D, unsigned V>
+void check_attention_model(unsigned k, unsigned heads, unsigned source) {
+  constexpr unsigned cap = 5, layers = 2, count = 4;
+  const unsigned hist = k + 300;  // rows of each entry's history
+  const std::int32_t slots[cap] = {0, 1, -1, 3, 4};  // entry 2 padding, entry 4 past the count
+  std::vector<std::uint64_t> tags(cap);
+  for (unsigned e = 0; e < cap; ++e) tags[e] = dm::session_tag(100 + e);
+  // Selections: entry 0 k distinct rows; entry 1 a fifth of them -1 anywhere; entry 3 three rows.
+  std::mt19937 rng(1234 + D);
+  std::vector<dhisparse::row_index> sel(static_cast<std::size_t>(cap) * k, dhisparse::no_row);
+  std::vector<dhisparse::location> loc(sel.size(), dhisparse::no_location);
+  for (unsigned e = 0; e < cap; ++e) {
+    std::vector<dhisparse::row_index> rows(hist);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    const unsigned n = e == 3 ? 3 : k;
+    for (unsigned i = 0; i < n; ++i) {
+      if (e == 1 && rng() % 5 == 0) continue;
+      const unsigned at = e == 3 ? i * (k / 3) + 7 : i;  // entry 3: spread over the splits
+      sel[e * k + at] = rows[i];
+      loc[e * k + at] = static_cast<dhisparse::location>(e * hist + (hist - 1 - rows[i]));  // reversed
+    }
+  }
+  // Pools: row r of entry e at e * hist + (hist - 1 - r) of each layer.
+  const std::size_t pool_bytes = static_cast<std::size_t>(cap) * hist * D;
+  std::vector<std::vector<std::uint64_t>> pools(layers, std::vector<std::uint64_t>(pool_bytes / 8));
+  for (unsigned l = 0; l < layers; ++l)
+    for (unsigned e = 0; e < cap; ++e)
+      for (unsigned r = 0; r < hist; ++r)
+        for (unsigned w = 0; w < D / 8; ++w)
+          pools[l][(static_cast<std::size_t>(e) * hist + (hist - 1 - r)) * (D / 8) + w] = dm::kv_word(tags[e], source, l, r, w);
+
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  dm::dev_array<std::int32_t> d_slots(cap);
+  dm::dev_array<std::uint32_t> d_count(1);
+  dm::dev_array<std::uint64_t> d_tags(cap);
+  dm::dev_array<dhisparse::row_index> d_sel(sel.size());
+  dm::dev_array<dhisparse::location> d_loc(loc.size());
+  std::vector<dm::dev_array<std::uint64_t>> d_pools;
+  for (unsigned l = 0; l < layers; ++l) {
+    d_pools.emplace_back(pool_bytes / 8);
+    REQUIRE(cudaMemcpy(d_pools[l].p, pools[l].data(), pool_bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  REQUIRE(cudaMemcpy(d_slots.p, slots, sizeof slots, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_count.p, &count, sizeof count, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_tags.p, tags.data(), d_tags.bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_sel.p, sel.data(), d_sel.bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_loc.p, loc.data(), d_loc.bytes(), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE((dm::attention_prepare<D, V>()) == cudaSuccess);
+  const std::size_t out_floats = static_cast<std::size_t>(layers) * cap * heads * V;
+
+  const auto run = [&](dm::attention_split_shape split, bool generate) {
+    dm::dev_array<float> d_out(out_floats);
+    dm::dev_array<float> d_scratch(dm::attention_scratch_floats(split, cap, layers, heads, V));
+    REQUIRE(cudaMemset(d_out.p, 0xFF, d_out.bytes()) == cudaSuccess);  // NaN: what no entry may keep
+    dm::attention_args a;
+    a.slots = d_slots.p;
+    a.count = d_count.p;
+    a.tag = d_tags.p;
+    a.selections = d_sel.p;
+    a.locations = d_loc.p;
+    for (unsigned l = 0; l < layers; ++l) a.base[l] = reinterpret_cast<const std::byte*>(d_pools[l].p);
+    a.out = d_out.p;
+    a.scratch = d_scratch.p;
+    a.cap = cap;
+    a.k = k;
+    a.row_bytes = D;
+    a.value_dims = V;
+    a.heads = heads;
+    a.source = source;
+    a.splits = split.splits;
+    a.split_rows = split.rows;
+    a.generate = generate;
+    REQUIRE((dm::attention<D, V>(a, layers, stream)) == cudaSuccess);
+    std::vector<float> out(out_floats);
+    REQUIRE(cudaMemcpyAsync(out.data(), d_out.p, d_out.bytes(), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    return out;
+  };
+  const auto bench_split = dm::attention_split<D>(cap, layers, k);
+  REQUIRE(bench_split.splits > 1);
+  const dm::attention_split_shape one{1, (k + dm::attention_tile - 1) / dm::attention_tile * dm::attention_tile};
+  const auto pooled = run(bench_split, false);
+  CHECK(differing_floats(run(bench_split, true), pooled) == 0);
+  const auto pooled_one = run(one, false);
+  CHECK(differing_floats(run(one, true), pooled_one) == 0);
+
+  // The model, per live entry, layer and head.
+  std::size_t checked = 0, bad = 0, untouched = 0;
+  std::string first_bad;
+  for (unsigned l = 0; l < layers; ++l)
+    for (unsigned e = 0; e < cap; ++e) {
+      const std::size_t at = (static_cast<std::size_t>(l) * cap + e) * heads * V;
+      if (e >= count || slots[e] < 0) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(heads) * V; ++i)
+          untouched += std::isnan(pooled[at + i]) && std::isnan(pooled_one[at + i]) ? 1 : 0;
+        continue;
+      }
+      std::vector<std::vector<double>> x;  // the selected rows' dims
+      for (unsigned i = 0; i < k; ++i) {
+        const auto r = sel[e * k + i];
+        if (r < 0) continue;
+        std::vector<double> row(D);
+        for (unsigned d = 0; d < D; ++d)
+          row[d] = dm::fp8_e4m3_to_float(static_cast<std::uint8_t>(dm::kv_word(tags[e], source, l, r, d / 8) >> (8 * (d % 8))));
+        x.push_back(std::move(row));
+      }
+      REQUIRE(!x.empty());
+      for (unsigned h = 0; h < heads; ++h) {
+        std::vector<double> q(D), sc(x.size());
+        for (unsigned d = 0; d < D; ++d) q[d] = dm::attention_query(tags[e], source, l, h, d, D);
+        double mx = -HUGE_VAL, sum = 0.0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          sc[i] = 0.0;
+          for (unsigned d = 0; d < D; ++d) sc[i] += q[d] * x[i][d];
+          mx = std::max(mx, sc[i]);
+        }
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (unsigned v = 0; v < V; ++v) {
+          double want = 0.0, scale = 0.0;
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            want += sc[i] * x[i][v];
+            scale += sc[i] * std::fabs(x[i][v]);
+          }
+          want /= sum;
+          scale /= sum;
+          const double tol = 1e-4 * std::fabs(want) + 1e-5 * scale;
+          for (const auto* got : {&pooled, &pooled_one}) {
+            const double g = (*got)[at + static_cast<std::size_t>(h) * V + v];
+            ++checked;
+            if (!(std::fabs(g - want) <= tol)) {
+              if (bad++ == 0)
+                first_bad = "entry " + std::to_string(e) + " layer " + std::to_string(l) + " head " + std::to_string(h) +
+                            " dim " + std::to_string(v) + ": got " + std::to_string(g) + ", model " + std::to_string(want);
+            }
+          }
+        }
+      }
+    }
+  CHECK(checked == 2ull * layers * 3 * heads * V);  // entries 0, 1, 3
+  INFO(D << "-byte rows, first outside the tolerance: " << first_bad);
+  CHECK(bad == 0);
+  CHECK(untouched == 2ull * layers * 2 * heads * V);
+  (void)cudaStreamDestroy(stream);
+}
+
+TEST_CASE("decode attention: split kernel against a double-precision model (GLM-5.3 rows, DeepSeek rows)") {
+  if (!have_gpu()) return;  // label gpu: run where a device is
+  check_attention_model<576, 512>(2048, 16, 0);  // GLM-5.3: 576-byte rows, k 2048, 16 heads
+  check_attention_model<288, 256>(512, 5, 1);    // DeepSeek: 288-byte rows, k 512; 5 heads of 16
 }
 
 TEST_CASE("decode step: GLM-5.3 slice, speculative rounds bit-identical across policies") {

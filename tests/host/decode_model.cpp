@@ -181,6 +181,31 @@ TEST_CASE("decode model: content bytes are finite fp8 and decode as e4m3") {
   CHECK(dm::kv_word(1, 0, 0, 5, 0) != dm::kv_word(2, 0, 0, 5, 0));
 }
 
+TEST_CASE("decode model: attention queries are uniform in [-1, 1) / sqrt(row dims)") {
+  for (unsigned dims : {576u, 288u}) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(dims));
+    double sum = 0.0;
+    std::set<float> seen;
+    for (unsigned h = 0; h < 16; ++h)
+      for (unsigned d = 0; d < dims; ++d) {
+        const float q = dm::attention_query(dm::session_tag(4), 1, 2, h, d, dims);
+        CHECK(q >= -bound * (1 + 1e-6));
+        CHECK(q < bound * (1 + 1e-6));
+        sum += static_cast<double>(q) / bound;
+        seen.insert(q);
+      }
+    CHECK(std::abs(sum / (16.0 * dims)) < 0.05);  // mean 0, sd 1/sqrt(3) / sqrt(16 dims)
+    CHECK(seen.size() > 16 * dims * 99 / 100);     // distinct per (head, dim)
+  }
+  // Every coordinate changes the query.
+  const float q = dm::attention_query(7, 0, 0, 0, 0, 576);
+  CHECK(q != dm::attention_query(8, 0, 0, 0, 0, 576));
+  CHECK(q != dm::attention_query(7, 1, 0, 0, 0, 576));
+  CHECK(q != dm::attention_query(7, 0, 1, 0, 0, 576));
+  CHECK(q != dm::attention_query(7, 0, 0, 1, 0, 576));
+  CHECK(q != dm::attention_query(7, 0, 0, 0, 1, 576));
+}
+
 // Brute-force top-k: every score computed from the key bytes here, then sorted.
 std::vector<std::int32_t> brute_top_k(const std::array<int, dm::index_dims>& q, std::uint64_t tag, std::int64_t n,
                                       std::size_t k) {
