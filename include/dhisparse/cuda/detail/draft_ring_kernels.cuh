@@ -24,13 +24,7 @@ inline constexpr unsigned draft_commit_threads = 64;
 /// duplicate_in_batch against entries before e. Every thread of the CTA calls it.
 __device__ inline status_code draft_entry_slot(std::size_t slots, const std::int32_t* batch_slots, unsigned e,
                                                std::int32_t slot) {
-  const bool bad = static_cast<std::size_t>(slot) >= slots;
-  bool dup = false;
-  if (!bad)
-    for (unsigned j = threadIdx.x; j < e; j += blockDim.x) dup |= batch_slots[j] == slot;
-  dup = __syncthreads_or(dup) != 0;
-  if (bad) return to_status(errc::invalid_slot);
-  return dup ? to_status(errc::duplicate_in_batch) : status_ok;
+  return batch_entry_slot_status(static_cast<std::size_t>(slot) >= slots, errc::invalid_slot, batch_slots, e, slot);
 }
 
 /// One CTA per entry of a `draft_write_view`: checks the entry against the slot's device book, copies
@@ -50,11 +44,7 @@ __global__ void __launch_bounds__(draft_write_threads)
   if (slot >= 0) {
     const status_code slot_code = draft_entry_slot(ring.slots, v.slots, e, slot);
     if (threadIdx.x == 0) {
-      entry_error r;
-      r.code = slot_code;
-      r.slot = slot;
-      r.epoch = epoch;
-      r.value = slot;
+      entry_error r = slot_entry_record(slot_code, slot, epoch);
       if (r.code == status_ok) {
         st = books[slot];
         r.frontier = static_cast<std::int64_t>(st.committed);
@@ -121,11 +111,7 @@ __global__ void __launch_bounds__(draft_commit_threads)
   if (slot >= 0) {
     const status_code slot_code = draft_entry_slot(slots, v.slots, e, slot);
     if (threadIdx.x == 0) {
-      entry_error r;
-      r.code = slot_code;
-      r.slot = slot;
-      r.epoch = epoch;
-      r.value = slot;
+      entry_error r = slot_entry_record(slot_code, slot, epoch);
       if (r.code == status_ok) {
         const draft_slot_state st = books[slot];
         const std::int32_t a = v.accepted[e];

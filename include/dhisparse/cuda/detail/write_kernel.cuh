@@ -98,18 +98,37 @@ struct stage_args {
   bool step_layers = false;     ///< layer_rows indexed by step_layer_index (true) or by the source's layer
 };
 
-/// Slot check shared by both kernels: status of entry `e` naming `slot` (0 when good). Every
-/// thread of the CTA calls it (the duplicate scan is spread over the CTA).
-template <class OrderIndex>
-__device__ status_code check_entry_slot(const source_view<OrderIndex>& src, const std::int32_t* slots, unsigned e,
-                                        std::int32_t slot) {
-  const bool bad_slot = static_cast<std::size_t>(slot) >= src.space.slots || src.live[slot] == 0u;
+/// Status of batch entry `e` naming `slot`: `bad_code` when the caller found the slot bad, else
+/// duplicate_in_batch when an earlier entry names it too, else 0. Every thread of the CTA calls it
+/// (the duplicate scan is spread over the CTA). Shared by every batched kernel of the backend.
+__device__ inline status_code batch_entry_slot_status(bool bad_slot, errc bad_code, const std::int32_t* slots,
+                                                      unsigned e, std::int32_t slot) {
   bool dup = false;
   if (!bad_slot)
     for (unsigned j = threadIdx.x; j < e; j += blockDim.x) dup |= slots[j] == slot;
   dup = __syncthreads_or(dup) != 0;
-  if (bad_slot) return to_status(errc::unknown_request);
+  if (bad_slot) return to_status(bad_code);
   return dup ? to_status(errc::duplicate_in_batch) : status_ok;
+}
+
+/// Slot check of the hierarchy's batched kernels: unknown_request for a slot out of range or not
+/// live, then duplicate_in_batch.
+template <class OrderIndex>
+__device__ status_code check_entry_slot(const source_view<OrderIndex>& src, const std::int32_t* slots, unsigned e,
+                                        std::int32_t slot) {
+  const bool bad_slot = static_cast<std::size_t>(slot) >= src.space.slots || src.live[slot] == 0u;
+  return batch_entry_slot_status(bad_slot, errc::unknown_request, slots, e, slot);
+}
+
+/// The error record of a batch entry naming `slot` with its slot check's status (value = the slot;
+/// the kernel adds what its own checks find).
+__device__ inline entry_error slot_entry_record(status_code code, std::int32_t slot, std::uint32_t epoch) {
+  entry_error r;
+  r.code = code;
+  r.slot = slot;
+  r.epoch = epoch;
+  r.value = slot;
+  return r;
 }
 
 /// Records entry e's error if it is the first since the last check (smallest epoch, then entry).
@@ -187,11 +206,7 @@ __global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned
   const std::int32_t slot = w.slots[e];
   backup_item work{};
   if (slot >= 0) {
-    entry_error r;
-    r.slot = slot;
-    r.epoch = epoch;
-    r.code = check_entry_slot(src, w.slots, e, slot);
-    r.value = slot;
+    entry_error r = slot_entry_record(check_entry_slot(src, w.slots, e, slot), slot, epoch);
     const std::size_t at = static_cast<std::size_t>(blockIdx.y + source_begin) * w.rows_pitch + e;
     const std::int32_t rows = w.rows[w.rows_pitch != 0 ? at : e];
     std::int64_t f = 0;
@@ -260,11 +275,7 @@ __global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigne
   const std::int32_t slot = c.slots[e];
   backup_item work{};
   if (slot >= 0) {
-    entry_error r;
-    r.slot = slot;
-    r.epoch = epoch;
-    r.code = check_entry_slot(src, c.slots, e, slot);
-    r.value = slot;
+    entry_error r = slot_entry_record(check_entry_slot(src, c.slots, e, slot), slot, epoch);
     std::int64_t f = 0, n_next = 0;
     const auto m = static_cast<std::int64_t>(vws.positions_per_row);
     if (r.code == status_ok) {
@@ -329,11 +340,7 @@ __global__ void step_stage_kernel(const step_source<OrderIndex>* table, unsigned
   const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.sws.control->epoch);
   const std::int32_t slot = w.slots[e];
   if (slot >= 0) {
-    entry_error r;
-    r.slot = slot;
-    r.epoch = epoch;
-    r.code = check_entry_slot(src, w.slots, e, slot);
-    r.value = slot;
+    entry_error r = slot_entry_record(check_entry_slot(src, w.slots, e, slot), slot, epoch);
     const std::int32_t count = w.counts[e];
     std::int64_t f = 0, partial = 0;
     const auto m = static_cast<std::int64_t>(vws.positions_per_row);
