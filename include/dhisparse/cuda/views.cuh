@@ -116,6 +116,9 @@ struct workspace_view {
   /// Work-distribution counters of the source's resolver.
   control_block* control = nullptr;
   std::uint64_t* ready = nullptr;     ///< [capacity] published entry: epoch (low word), copy units (high word)
+  /// [capacity] epoch of the launch whose CTA claimed each entry (batches that fit the grid): a CTA
+  /// waits only for claimed entries, whose CTAs are running (resolve_kernel.cuh, "Forward progress").
+  std::uint32_t* claim = nullptr;
   plan_entry* plan = nullptr;         ///< [capacity * top_k] misses of each entry, ascending rows
   /// [capacity * top_k] small batches: the copies in selection order, repeats dropped (no_location)
   plan_entry* early_plan = nullptr;
