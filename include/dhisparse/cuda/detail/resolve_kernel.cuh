@@ -199,6 +199,8 @@ struct resolve_traits {
     int ticket, slot, length, err_code, len_code, bad_key, dup;
     int unclaimed;  ///< steal_entry: lowest entry seen unclaimed
     int stolen;     ///< the CTA's own entry was claimed by another CTA first
+    unsigned arrived;  ///< entry-only CTAs: CTAs counted on `done` before this one
+    unsigned long long start;  ///< %globaltimer at the CTA's start (steal_entry's grace)
     unsigned live;
     unsigned count[4];  ///< selected, direct, hot, host
     int misses;
@@ -616,7 +618,7 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
                                  const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
                                  unsigned t, unsigned C, unsigned epoch, const resolve_params& p,
                                  row_index (&e)[Traits::entries_per_thread], bool head_read, bool check_claim,
-                                 std::uint32_t claim_old) {
+                                 std::uint32_t claim_old, std::uint32_t arrived) {
   constexpr int Block = Traits::block_threads;
   constexpr int KPT = Traits::entries_per_thread;
   constexpr int WPT = Traits::ways_per_thread;
@@ -680,8 +682,12 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
     }
   }
   // The CTA's claim of its own entry, issued at kernel start, is first needed here: nothing global
-  // was written yet, so an entry another CTA claimed first is simply left to it.
-  if (check_claim && tid == 32) sh.stolen = claim_old == epoch;
+  // was written yet, so an entry another CTA claimed first is simply left to it. The count on
+  // `done` issued before the claim has returned too: kept in shared memory, not in a register.
+  if (check_claim && tid == 32) {
+    sh.stolen = claim_old == epoch;
+    sh.arrived = arrived;
+  }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(3);
   if (check_claim && sh.stolen) return entry_lost;
@@ -1210,10 +1216,10 @@ constexpr unsigned long long steal_grace_ns = 8000;
 /// claimed yet in this launch, so that a CTA about to wait for every entry waits only for entries
 /// claimed by CTAs that are running. Returns the entry, or C once every entry is claimed (a claim
 /// is never given back in a launch). Unclaimed entries are left to their own CTAs until
-/// `steal_grace_ns` after `start` (this CTA's start), then taken. Uniform across the CTA.
+/// `steal_grace_ns` after this CTA's start (`sh.start`), then taken. Uniform across the CTA.
 template <class Traits>
 __device__ unsigned steal_entry(typename Traits::shared_storage& sh, const workspace_view& ws, unsigned C,
-                                unsigned epoch, unsigned long long start) {
+                                unsigned epoch) {
   constexpr int Block = Traits::block_threads;
   for (;;) {
     if (threadIdx.x == 0) sh.unclaimed = INT_MAX;
@@ -1228,7 +1234,7 @@ __device__ unsigned steal_entry(typename Traits::shared_storage& sh, const works
       int got = -1;  // look again
       if (j == INT_MAX) {
         got = static_cast<int>(C);
-      } else if (global_time_ns() - start < steal_grace_ns) {
+      } else if (global_time_ns() - sh.start < steal_grace_ns) {
         __nanosleep(256);
       } else if (atomicExch(&ws.claim[j], epoch) != epoch) {
         got = j;
@@ -1247,7 +1253,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
   programmatic_launch_prologue();  // before any global read: the indexer may still be writing
-  const unsigned long long start = global_time_ns();
+  if (threadIdx.x == 0) sh.start = global_time_ns();  // nothing else writes it
   // When the batch fits the grid (C <= grid), entry t is first offered to CTA t (see "Forward
   // progress"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
   // batch count, and uses them only if the batch turns out to fit the grid and its claim holds.
@@ -1257,10 +1263,8 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   if (head_read) read_entry_head<Traits>(sh, src, batch, blockIdx.x, e);
   // Thread 32 (another warp than the head's thread 0, so its loads are not issued behind them)
   // reads the count and epoch, counts an entry-only CTA on `done` and claims the CTA's own
-  // entry. Both atomics stay in flight: the claim's answer is first needed after round trip 2,
-  // the count's at the CTA's end.
+  // entry. Both atomics stay in flight: their answers are first needed after round trip 2.
   std::uint32_t claim_old = 0, arrived = 0;
-  bool claims_own = false, counted_at_start = false;
   if (threadIdx.x == 32) {
     const unsigned requested = __ldcg(batch.count);
     const unsigned C = requested < cap ? requested : cap;
@@ -1275,12 +1279,11 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
       std::uint32_t expected = 0;
       ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
     }
-    claims_own = C <= gridDim.x && blockIdx.x < C;
+    const bool claims_own = C <= gridDim.x && blockIdx.x < C;
     // An entry-only CTA (see below) touches no counter after this: it is counted now, with
     // release so its epoch read is ordered before the reset. The claim is issued after the
     // count, so the count's fence does not wait for it.
-    counted_at_start = claims_own && C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
-    if (counted_at_start)
+    if (claims_own && C <= p.early_copy_max_batch && 2u * C <= gridDim.x)
       arrived = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->done)
                     .fetch_add(1u, ::cuda::memory_order_release);
     if (claims_own) claim_old = atomicExch(&ws.claim[blockIdx.x], epoch);
@@ -1312,7 +1315,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
       t = blockIdx.x;
     } else if (by_index) {
       if (entry_cta && entries_copy_nothing) break;
-      t = steal_entry<Traits>(sh, ws, C, epoch, start);
+      t = steal_entry<Traits>(sh, ws, C, epoch);
     } else {
       __syncthreads();  // the previous entry is done with the shared ticket
       if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
@@ -1322,7 +1325,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     if (t >= C) break;
     DHISPARSE_RESOLVE_MARK(1);
     const unsigned units = resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e,
-                                                                own, own, claim_old);
+                                                                own, own, claim_old, arrived);
     if (units != entry_lost) {
       own_units += units;
       ++own_entries;
@@ -1349,8 +1352,8 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   // touches the control block, and all of it is read in stream order.
   const unsigned counted = gridDim.x;
   bool last = false;
-  if (threadIdx.x == 32 && counted_at_start) {
-    last = arrived == counted - 1u;
+  if (threadIdx.x == 32 && entry_only) {
+    last = sh.arrived == counted - 1u;  // its own write (resolve_metadata)
     if (last) ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_device);
   } else if (threadIdx.x == 0 && !entry_only) {
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
