@@ -44,8 +44,8 @@
 ///    repeated row's copy is dropped when the destinations are placed (each distinct row is
 ///    written once). `plan` still receives the ascending plan of distinct rows that follower
 ///    layers replay. With at least as many spare CTAs as entries (2C <= grid), a CTA that took
-///    an entry claims no copies and is counted on `control->done` at its start: it ends right
-///    after its entry, without waiting for the other entries' plans or for a round trip.
+///    an entry claims no copies and counts no departure on `control->done`: it ends right after
+///    its entry, without waiting for the other entries' plans or for a round trip.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
@@ -74,9 +74,10 @@
 ///  * copies never wait for other copies: the static strided share of large batches belongs to
 ///    its CTA and is copied whenever that CTA runs, and nothing in the launch waits for it; early
 ///    copy units are claimed from `control->copy_cursor`;
-///  * every CTA of the grid is counted on `control->done` (entry-only CTAs at their start, after
-///    reading the epoch; the others at their end), and the last one counted resets the counters
-///    and advances the epoch, so a CTA that starts late still reads this launch's epoch.
+///  * every CTA of the grid counts its arrival on `control->done` with the same atomic that reads
+///    the epoch, and every CTA but the entry-only ones its departure at its end; the count that
+///    completes the total resets the counters and advances the epoch, so a CTA that starts late
+///    still reads this launch's epoch, and no counter is reset while a CTA may still use it.
 /// A launch that finds SMs busy therefore runs slower (CTAs run in waves, an entry whose CTA was
 /// not dispatched is resolved by another after the grace) but ends. The other kernels of the
 /// backend (verify_kernel.cuh, copy_kernel.cuh, write_kernel.cuh, residency and prefix kernels)
@@ -1199,6 +1200,11 @@ __host__ __device__ constexpr std::size_t resolve_self_rows_offset(std::size_t c
   return resolve_storage_bytes<Traits>() + ((capacity + 1) * sizeof(unsigned) + 15) / 16 * 16;
 }
 
+/// `control_block::done` (low word) and `::epoch` (high word) as one 64-bit word (views.cuh).
+__device__ __forceinline__ std::uint64_t& done_epoch_word(control_block* c) {
+  return *reinterpret_cast<std::uint64_t*>(&c->done);
+}
+
 /// Device time in nanoseconds (%globaltimer).
 __device__ __forceinline__ unsigned long long global_time_ns() {
   unsigned long long t;
@@ -1262,31 +1268,26 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   const bool head_read = blockIdx.x < cap;
   if (head_read) read_entry_head<Traits>(sh, src, batch, blockIdx.x, e);
   // Thread 32 (another warp than the head's thread 0, so its loads are not issued behind them)
-  // reads the count and epoch, counts an entry-only CTA on `done` and claims the CTA's own
-  // entry. Both atomics stay in flight: their answers are first needed after round trip 2.
+  // counts the CTA's arrival and reads the epoch in one atomic, beside the read of the count,
+  // then claims the CTA's own entry; the claim's answer is first needed after round trip 2.
   std::uint32_t claim_old = 0, arrived = 0;
   if (threadIdx.x == 32) {
+    // Relaxed: the epoch comes from the same read-modify-write that counts the arrival, so it
+    // precedes the reset in that word's order (see the end of the kernel); no fence.
+    const std::uint64_t word = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(done_epoch_word(ws.control))
+                                   .fetch_add(1u, ::cuda::memory_order_relaxed);
     const unsigned requested = __ldcg(batch.count);
     const unsigned C = requested < cap ? requested : cap;
+    const unsigned epoch = static_cast<unsigned>(word >> 32) + 1u;
+    arrived = static_cast<unsigned>(word);
     sh.batch_count = C;
-    // Atomic (relaxed): read before this CTA is counted on `done`, so before the last counted CTA
-    // stores the next epoch (every CTA of the grid is counted).
-    const unsigned epoch = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->epoch)
-                               .load(::cuda::memory_order_relaxed) + 1u;
     sh.epoch = epoch;
     if (blockIdx.x == 0 && requested > cap) {
       ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
       std::uint32_t expected = 0;
       ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
     }
-    const bool claims_own = C <= gridDim.x && blockIdx.x < C;
-    // An entry-only CTA (see below) touches no counter after this: it is counted now, with
-    // release so its epoch read is ordered before the reset. The claim is issued after the
-    // count, so the count's fence does not wait for it.
-    if (claims_own && C <= p.early_copy_max_batch && 2u * C <= gridDim.x)
-      arrived = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->done)
-                    .fetch_add(1u, ::cuda::memory_order_release);
-    if (claims_own) claim_old = atomicExch(&ws.claim[blockIdx.x], epoch);
+    if (C <= gridDim.x && blockIdx.x < C) claim_old = atomicExch(&ws.claim[blockIdx.x], epoch);
   }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(0);
@@ -1297,7 +1298,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   // Early-copy batches with at least as many spare CTAs as entries: a CTA that took an entry
   // leaves every copy to the CTAs that took none (they claim until the cursor passes the total),
   // so it does not wait for the other entries' plans (C = 8 at ~0 misses: 15.1 -> 14.2 us on the
-  // H200), and was counted on `done` at its start rather than with a round trip at its end.
+  // H200), and counts no departure: no round trip on `done` at its end.
   const bool entries_copy_nothing = C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
   const bool by_index = C <= gridDim.x;
   const bool entry_cta = by_index && blockIdx.x < C;
@@ -1343,30 +1344,36 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
-  // Every CTA of the grid is counted on `done`, entry-only CTAs at their start, the others here,
-  // after their last counter access; the last one counted resets the counters and advances the
-  // epoch. So no CTA can start after the reset and read the next launch's epoch (a CTA whose entry
-  // was taken over may start after everything else finished). An entry-only CTA counted last
-  // resets here: the others are done with the counters, and its own entry touches none of them.
-  // Entry-only CTAs may still rewrite LRU state and store rows after the reset: none of that
-  // touches the control block, and all of it is read in stream order.
-  const unsigned counted = gridDim.x;
+  // `done` counts every CTA's arrival (at its start, with the read of the epoch) and the departure
+  // of every CTA but the entry-only ones (here, after its last use of a counter): 2 * grid - E
+  // in all, E the entry-only CTAs. The CTA whose count completes that total resets the counters
+  // and advances the epoch. So no CTA can start after the reset and read the next launch's epoch
+  // (a CTA whose entry was taken over may start after everything else finished), and no counter
+  // is reset while a CTA may still use it. An entry-only CTA whose arrival completed the total
+  // (it started last) resets here: the others are done with the counters, and its own entry
+  // touches none of them. Entry-only CTAs may still rewrite LRU state and store rows after the
+  // reset: none of that touches the control block, and all of it is read in stream order.
+  const unsigned total = 2u * gridDim.x - (entries_copy_nothing ? C : 0u);
   bool last = false;
   if (threadIdx.x == 32 && entry_only) {
-    last = sh.arrived == counted - 1u;  // its own write (resolve_metadata)
+    last = sh.arrived + 1u == total;  // its own write (resolve_metadata)
+    // The departures it read (acq_rel, continued by relaxed arrivals) happen before the reset.
     if (last) ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_device);
   } else if (threadIdx.x == 0 && !entry_only) {
-    ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
-    last = done.fetch_add(1u, ::cuda::memory_order_acq_rel) == counted - 1u;
+    // The same 64-bit word as the arrivals (atomics of one size on one location); the count never
+    // carries into the epoch (at most 2 * grid).
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> done(done_epoch_word(ws.control));
+    last = static_cast<unsigned>(done.fetch_add(1u, ::cuda::memory_order_acq_rel)) + 1u == total;
   }
   if (last) {
     control_block* c = ws.control;
     c->ticket = 0;
-    c->done = 0;
     c->copy_cursor = 0;
     c->last_count = C;
     c->last_layers = p.layers_to_copy;
-    ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(c->epoch).store(epoch, ::cuda::memory_order_relaxed);
+    // done = 0 and the next epoch, in one store of the word the arrivals read.
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(done_epoch_word(c))
+        .store(static_cast<std::uint64_t>(epoch) << 32, ::cuda::memory_order_relaxed);
   }
 }
 
