@@ -1652,7 +1652,7 @@ class hierarchy {
   };
   struct offsets {
     std::size_t pool = 0, layer_stride = 0, layer_ptrs = 0, hot_row = 0, order = 0, frontier = 0, optional_page = 0,
-                host_page = 0, way_of_row = 0, control = 0, ready = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
+                host_page = 0, way_of_row = 0, control = 0, ready = 0, claim = 0, plan = 0, early_plan = 0, errors = 0, sticky = 0, stats = 0, eager = 0,
                 total = 0;
     std::size_t v_control = 0, v_plan = 0, v_stats = 0, v_errors = 0, v_sticky = 0, v_seen = 0, v_rank = 0, v_eager = 0,
                 v_staged = 0, v_verified = 0, v_partial = 0;
@@ -1808,6 +1808,7 @@ class hierarchy {
     o.way_of_row = k.take<order_index>(cap * c.max_rows);
     o.control = k.take<control_block>(1);
     o.ready = k.take<std::uint64_t>(cap);
+    o.claim = k.take<std::uint32_t>(cap);
     o.plan = k.take<plan_entry>(cap * top_k);
     o.early_plan = k.take<plan_entry>(cap * top_k);
     o.errors = k.take<entry_error>(cap);
@@ -2111,6 +2112,7 @@ class hierarchy {
     workspace_view& w = src.ws;
     w.control = reinterpret_cast<control_block*>(base + o.control);
     w.ready = reinterpret_cast<std::uint64_t*>(base + o.ready);
+    w.claim = reinterpret_cast<std::uint32_t*>(base + o.claim);
     w.plan = reinterpret_cast<plan_entry*>(base + o.plan);
     w.early_plan = reinterpret_cast<plan_entry*>(base + o.early_plan);
     w.errors = reinterpret_cast<entry_error*>(base + o.errors);

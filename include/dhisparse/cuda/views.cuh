@@ -64,16 +64,21 @@ static_assert(sizeof(plan_entry) == 16);
 /// involvement. CTAs that are not counted (entry CTAs of small batches) may still be writing
 /// results then: `epoch` and `last_count` are read in stream order, never polled as a sign that
 /// a launch is complete.
-struct control_block {
+struct alignas(8) control_block {
   std::uint32_t ticket = 0;        ///< next metadata task (batches larger than the grid)
-  std::uint32_t done = 0;          ///< counted CTAs finished
-  std::uint32_t epoch = 0;         ///< launches completed
   std::uint32_t last_count = 0;    ///< batch entries of the last launch
+  /// Resolver: arrivals and departures of the launch's CTAs. `done` and `epoch` form one 64-bit
+  /// word (done low): a CTA reads the epoch and counts its arrival with one atomic.
+  std::uint32_t done = 0;
+  std::uint32_t epoch = 0;         ///< launches completed
   std::uint32_t last_layers = 0;   ///< payload layers the last launch copied
   std::uint32_t sticky_epoch = 0;  ///< first launch with a bad entry since errors were last checked
   std::uint32_t overflow = 0;      ///< a batch count above capacity seen since the last check (the count)
   std::uint32_t copy_cursor = 0;   ///< next copy unit of an early-copy launch
 };
+
+static_assert(offsetof(control_block, done) % 8 == 0 && offsetof(control_block, epoch) == offsetof(control_block, done) + 4,
+              "dhisparse: the resolver updates control_block::done and ::epoch as one 64-bit word");
 
 /// Reverse-map value of a row that is not in the hot cache (all bits set).
 template <class OrderIndex>
@@ -115,6 +120,9 @@ struct workspace_view {
   /// Work-distribution counters of the source's resolver.
   control_block* control = nullptr;
   std::uint64_t* ready = nullptr;     ///< [capacity] published entry: epoch (low word), copy units (high word)
+  /// [capacity] epoch of the launch whose CTA claimed each entry (batches that fit the grid): a CTA
+  /// waits only for claimed entries, whose CTAs are running (resolve_kernel.cuh, "Forward progress").
+  std::uint32_t* claim = nullptr;
   plan_entry* plan = nullptr;         ///< [capacity * top_k] misses of each entry, ascending rows
   /// [capacity * top_k] small batches: the copies in selection order, repeats dropped (no_location)
   plan_entry* early_plan = nullptr;

@@ -5,7 +5,7 @@
 /// A persistent grid of fixed size (independent of the batch, so a captured graph can replay any
 /// batch size) works in two overlapping phases coordinated through device counters:
 ///
-///  * metadata: when the batch fits the grid (C <= grid), CTA t takes entry t and issues the
+///  * metadata: when the batch fits the grid (C <= grid), CTA t claims entry t and issues the
 ///    reads of its slot, length and (strided layout) selection at kernel start, with the read of
 ///    the batch count; larger batches draw entries from `control->ticket`. For entry t a CTA
 ///    reads, in two round trips, the entry's slot and selection, then everything that depends
@@ -44,8 +44,8 @@
 ///    repeated row's copy is dropped when the destinations are placed (each distinct row is
 ///    written once). `plan` still receives the ascending plan of distinct rows that follower
 ///    layers replay. With at least as many spare CTAs as entries (2C <= grid), a CTA that took
-///    an entry claims no copies and is not counted on `control->done`: it ends right after its
-///    entry, without waiting for the other entries' plans or for a round trip.
+///    an entry claims no copies and counts no departure on `control->done`: it ends right after
+///    its entry, without waiting for the other entries' plans or for a round trip.
 ///  * self copies (an entry with at most `resolve_params::self_copy_units` copy units, every
 ///    entry with none): the entry's CTA publishes "nothing to copy" as soon as it has classified
 ///    the selection (the copy CTAs never wait for it), starts asynchronous copies of its missing
@@ -56,15 +56,33 @@
 ///    fence: the small steps (C = 1 at ~0 misses) are bound by one CTA's dependent work.
 ///    A CTA that resolved every entry of the batch and left nothing to copy skips the copy phase.
 ///
-/// Deadlock freedom: metadata never waits. With C <= grid the entries belong to CTAs 0..C-1 and
-/// the grid is sized to be resident at once (prepare_fused_resolve). The spare CTAs (index C and
-/// up) wait only for CTAs of lower index, which the hardware dispatches first: that is observed
-/// behaviour of NVIDIA GPUs, not a guarantee of the CUDA programming model (CUB's single-pass
-/// scan relies on it too); the entry CTAs that copy (2C > grid) wait for each other, which
-/// needs C CTAs resident at once, as the grid's sizing provides. With more entries than
-/// CTAs, a CTA waits only after it found the ticket counter exhausted, i.e. after every entry
-/// was taken by a CTA that is running, which needs neither. The last counted CTA to finish
-/// resets the counters and advances the epoch.
+/// Forward progress: the kernel completes whatever other streams occupy, down to one CTA of it
+/// resident at a time; it never needs its CTAs to be co-resident, nor CTAs to be dispatched in
+/// index order. Every wait of a CTA is on a CTA that is already running:
+///  * metadata never waits (the CTA's own claim, the ticket counter and `done` are atomics whose
+///    answers need no other CTA);
+///  * with C <= grid, entry t is first offered to CTA t, which claims it at kernel start
+///    (`ws.claim[t]` = the launch's epoch, an exchange issued beside the speculative reads of the
+///    entry's head and first needed after round trip 2, before anything is written). Before a CTA
+///    waits for the entries it claims every entry no CTA has claimed yet and resolves it itself
+///    (`steal_entry`, after a grace of `steal_grace_ns` from its start that an unloaded launch
+///    never exhausts); a CTA whose entry was taken over resolves nothing of it. So the copy
+///    phase's waits (every entry's sources, then each copied unit's `placed` bit) are waits for
+///    CTAs that claimed their entry, i.e. run, and finish its metadata without waiting;
+///  * with C > grid every entry is drawn from `control->ticket` by a CTA that runs, and a CTA
+///    waits only after it found the counter exhausted;
+///  * copies never wait for other copies: the static strided share of large batches belongs to
+///    its CTA and is copied whenever that CTA runs, and nothing in the launch waits for it; early
+///    copy units are claimed from `control->copy_cursor`;
+///  * every CTA of the grid counts its arrival on `control->done` with the same atomic that reads
+///    the epoch, and every CTA but the entry-only ones its departure at its end; the count that
+///    completes the total resets the counters and advances the epoch, so a CTA that starts late
+///    still reads this launch's epoch, and no counter is reset while a CTA may still use it.
+/// A launch that finds SMs busy therefore runs slower (CTAs run in waves, an entry whose CTA was
+/// not dispatched is resolved by another after the grace) but ends. The other kernels of the
+/// backend (verify_kernel.cuh, copy_kernel.cuh, write_kernel.cuh, residency and prefix kernels)
+/// have no cross-CTA waits at all: their CTAs only count themselves on `done` or share work by
+/// stride. docs/design.md, "Forward progress", states the guarantee.
 #include <cuda/atomic>
 #include <cuda_pipeline.h>
 #include <nv/target>
@@ -180,6 +198,10 @@ struct resolve_traits {
     long long frontier;
     long long err_value;
     int ticket, slot, length, err_code, len_code, bad_key, dup;
+    int unclaimed;  ///< steal_entry: lowest entry seen unclaimed
+    int stolen;     ///< the CTA's own entry was claimed by another CTA first
+    unsigned arrived;  ///< entry-only CTAs: CTAs counted on `done` before this one
+    unsigned long long start;  ///< %globaltimer at the CTA's start (steal_entry's grace)
     unsigned live;
     unsigned count[4];  ///< selected, direct, hot, host
     int misses;
@@ -589,11 +611,15 @@ __device__ __forceinline__ void read_entry_head(typename Traits::shared_storage&
   }
 }
 
+/// resolve_metadata's answer when another CTA claimed the entry first (nothing was written).
+constexpr unsigned entry_lost = ~0u;
+
 template <class Traits, class OrderIndex>
 __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsigned char* self_rows,
                                  const source_view<OrderIndex>& src, const workspace_view& ws, const batch_view& batch,
                                  unsigned t, unsigned C, unsigned epoch, const resolve_params& p,
-                                 row_index (&e)[Traits::entries_per_thread], bool head_read) {
+                                 row_index (&e)[Traits::entries_per_thread], bool head_read, bool check_claim,
+                                 std::uint32_t claim_old, std::uint32_t arrived) {
   constexpr int Block = Traits::block_threads;
   constexpr int KPT = Traits::entries_per_thread;
   constexpr int WPT = Traits::ways_per_thread;
@@ -656,8 +682,16 @@ __device__ unsigned resolve_metadata(typename Traits::shared_storage& sh, unsign
       way[k] = src.way_of_row[rev_base + static_cast<std::size_t>(e[k])];
     }
   }
+  // The CTA's claim of its own entry, issued at kernel start, is first needed here: nothing global
+  // was written yet, so an entry another CTA claimed first is simply left to it. The count on
+  // `done` issued before the claim has returned too: kept in shared memory, not in a register.
+  if (check_claim && tid == 32) {
+    sh.stolen = claim_old == epoch;
+    sh.arrived = arrived;
+  }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(3);
+  if (check_claim && sh.stolen) return entry_lost;
   const bool slot_ok = in_range && sh.live != 0;
   const std::int64_t frontier = sh.frontier;
 
@@ -1036,7 +1070,8 @@ __device__ void resolve_copies(typename Traits::shared_storage& sh, unsigned* pr
   if (early && warp < copy_warps && lane == 0) first_claim = atomicAdd(&ws.control->copy_cursor, R);
 
   // Wait until every entry of this launch has published its copies' sources and count (every
-  // entry's metadata runs on a CTA that is already resident, so this terminates), and build the
+  // entry was claimed by a CTA that is running, and metadata never waits, so this terminates
+  // whatever other streams occupy), and build the
   // exclusive prefix of their copy units in the same warp as the counts arrive: the other warps
   // wait at one barrier instead of taking part in a block-wide scan.
   if (warp == 0) {
@@ -1165,32 +1200,94 @@ __host__ __device__ constexpr std::size_t resolve_self_rows_offset(std::size_t c
   return resolve_storage_bytes<Traits>() + ((capacity + 1) * sizeof(unsigned) + 15) / 16 * 16;
 }
 
+/// `control_block::done` (low word) and `::epoch` (high word) as one 64-bit word (views.cuh).
+__device__ __forceinline__ std::uint64_t& done_epoch_word(control_block* c) {
+  return *reinterpret_cast<std::uint64_t*>(&c->done);
+}
+
+/// Device time in nanoseconds (%globaltimer).
+__device__ __forceinline__ unsigned long long global_time_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// How long a CTA lets the CTA of an entry's own index claim it before taking it itself. Every
+/// CTA of a grid that is resident at once starts within a few microseconds and its claim lands
+/// two round trips later, so in an unloaded launch nothing is taken over; when other streams
+/// hold SMs, an entry whose CTA is not running is resolved this much later instead of never.
+constexpr unsigned long long steal_grace_ns = 8000;
+
+/// Batches that fit the grid (C <= grid): claims, for the calling CTA, an entry that no CTA has
+/// claimed yet in this launch, so that a CTA about to wait for every entry waits only for entries
+/// claimed by CTAs that are running. Returns the entry, or C once every entry is claimed (a claim
+/// is never given back in a launch). Unclaimed entries are left to their own CTAs until
+/// `steal_grace_ns` after this CTA's start (`sh.start`), then taken. Uniform across the CTA.
+template <class Traits>
+__device__ unsigned steal_entry(typename Traits::shared_storage& sh, const workspace_view& ws, unsigned C,
+                                unsigned epoch) {
+  constexpr int Block = Traits::block_threads;
+  for (;;) {
+    if (threadIdx.x == 0) sh.unclaimed = INT_MAX;
+    __syncthreads();
+    for (unsigned j = threadIdx.x; j < C; j += Block)
+      if (::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.claim[j]).load(::cuda::memory_order_relaxed) !=
+          epoch)
+        atomicMin(&sh.unclaimed, static_cast<int>(j));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int j = sh.unclaimed;
+      int got = -1;  // look again
+      if (j == INT_MAX) {
+        got = static_cast<int>(C);
+      } else if (global_time_ns() - sh.start < steal_grace_ns) {
+        __nanosleep(256);
+      } else if (atomicExch(&ws.claim[j], epoch) != epoch) {
+        got = j;
+      }
+      sh.ticket = got;
+    }
+    __syncthreads();
+    const int got = sh.ticket;
+    if (got >= 0) return static_cast<unsigned>(got);
+  }
+}
+
 template <class Traits, class OrderIndex>
 __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_sm)
     fused_resolve_kernel(source_view<OrderIndex> src, workspace_view ws, batch_view batch, resolve_params p) {
   extern __shared__ __align__(16) unsigned char dhisparse_resolve_smem[];
   auto& sh = *reinterpret_cast<typename Traits::shared_storage*>(dhisparse_resolve_smem);
   programmatic_launch_prologue();  // before any global read: the indexer may still be writing
-  // When the batch fits the grid (C <= grid), entry t belongs to CTA t (see "Deadlock
-  // freedom"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
-  // batch count, and uses them only if the batch turns out to fit the grid.
+  if (threadIdx.x == 0) sh.start = global_time_ns();  // nothing else writes it
+  // When the batch fits the grid (C <= grid), entry t is first offered to CTA t (see "Forward
+  // progress"): every CTA issues the reads of its entry's head (round trip 1) before it knows the
+  // batch count, and uses them only if the batch turns out to fit the grid and its claim holds.
   const unsigned cap = batch.capacity < ws.capacity ? batch.capacity : ws.capacity;
   row_index e[Traits::entries_per_thread];
   const bool head_read = blockIdx.x < cap;
   if (head_read) read_entry_head<Traits>(sh, src, batch, blockIdx.x, e);
-  // Another warp than the head's checks (thread 0), so its loads are not issued behind them.
+  // Thread 32 (another warp than the head's thread 0, so its loads are not issued behind them)
+  // counts the CTA's arrival and reads the epoch in one atomic, beside the read of the count,
+  // then claims the CTA's own entry; the claim's answer is first needed after round trip 2.
+  std::uint32_t claim_old = 0, arrived = 0;
   if (threadIdx.x == 32) {
+    // Relaxed: the epoch comes from the same read-modify-write that counts the arrival, so it
+    // precedes the reset in that word's order (see the end of the kernel); no fence.
+    const std::uint64_t word = ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(done_epoch_word(ws.control))
+                                   .fetch_add(1u, ::cuda::memory_order_relaxed);
     const unsigned requested = __ldcg(batch.count);
-    sh.batch_count = requested < cap ? requested : cap;
-    // Atomic (relaxed): the last counted CTA stores the next epoch while uncounted entry CTAs
-    // may still be starting; their read is ordered before it only through their publication.
-    sh.epoch = ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(ws.control->epoch)
-                   .load(::cuda::memory_order_relaxed) + 1u;
+    const unsigned C = requested < cap ? requested : cap;
+    const unsigned epoch = static_cast<unsigned>(word >> 32) + 1u;
+    arrived = static_cast<unsigned>(word);
+    sh.batch_count = C;
+    sh.epoch = epoch;
     if (blockIdx.x == 0 && requested > cap) {
       ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> ov(ws.control->overflow);
       std::uint32_t expected = 0;
       ov.compare_exchange_strong(expected, requested, ::cuda::memory_order_relaxed);
     }
+    if (C <= gridDim.x && blockIdx.x < C) claim_old = atomicExch(&ws.claim[blockIdx.x], epoch);
   }
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(0);
@@ -1198,16 +1295,29 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
   // Self-copy rows live after the prefix of copy units.
   unsigned char* const self_rows = dhisparse_resolve_smem + resolve_self_rows_offset<Traits>(ws.capacity);
 
-  unsigned own_entries = 0, own_units = 0;  // entries this CTA resolved and the copy units they published
-  // With more entries than CTAs, every entry is drawn from the ticket counter by a CTA that runs,
-  // and a CTA waits only once the counter is exhausted, so no CTA waits for one that has not been
-  // dispatched (a grid larger than what fits at once still completes). One call site for both
-  // ways of taking an entry: the metadata code is inlined once (twice doubled the kernel's code).
+  // Early-copy batches with at least as many spare CTAs as entries: a CTA that took an entry
+  // leaves every copy to the CTAs that took none (they claim until the cursor passes the total),
+  // so it does not wait for the other entries' plans (C = 8 at ~0 misses: 15.1 -> 14.2 us on the
+  // H200), and counts no departure: no round trip on `done` at its end.
+  const bool entries_copy_nothing = C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
   const bool by_index = C <= gridDim.x;
-  bool head = by_index;
+  const bool entry_cta = by_index && blockIdx.x < C;
+  unsigned own_entries = 0, own_units = 0;  // entries this CTA resolved and the copy units they published
+  // One call site for every way of taking an entry: the metadata code is inlined once (twice
+  // doubled the kernel's code).
+  //  * C <= grid: first the CTA's own index, if its claim held; then, unless this CTA copies
+  //    nothing, entries no CTA has claimed (steal_entry), so no CTA waits for an entry whose CTA
+  //    was never dispatched;
+  //  * C > grid: entries drawn from the ticket counter by CTAs that run.
+  bool own = entry_cta;
   for (;;) {
-    unsigned t = blockIdx.x;
-    if (!by_index) {
+    unsigned t;
+    if (own) {
+      t = blockIdx.x;
+    } else if (by_index) {
+      if (entry_cta && entries_copy_nothing) break;
+      t = steal_entry<Traits>(sh, ws, C, epoch);
+    } else {
       __syncthreads();  // the previous entry is done with the shared ticket
       if (threadIdx.x == 0) sh.ticket = static_cast<int>(atomicAdd(&ws.control->ticket, 1u));
       __syncthreads();
@@ -1215,45 +1325,55 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
     }
     if (t >= C) break;
     DHISPARSE_RESOLVE_MARK(1);
-    own_units += resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e, head);
-    ++own_entries;
-    if (by_index) break;
-    head = false;
+    const unsigned units = resolve_metadata<Traits, OrderIndex>(sh, self_rows, src, ws, batch, t, C, epoch, p, e,
+                                                                own, own, claim_old, arrived);
+    if (units != entry_lost) {
+      own_units += units;
+      ++own_entries;
+    }
+    own = false;
+    __syncthreads();  // the entry's shared state is reused by the next claim
   }
 
   // The prefix of copy units lives after the metadata storage (capacity + 1 entries).
   unsigned* prefix = reinterpret_cast<unsigned*>(dhisparse_resolve_smem + resolve_storage_bytes<Traits>());
   // A CTA that resolved the whole batch knows it left nothing to copy without reading it back.
-  // Early-copy batches with at least as many spare CTAs as entries: a CTA that took an entry
-  // leaves every copy to the CTAs that took none (they claim until the cursor passes the total),
-  // so it does not wait for the other entries' plans before it counts itself finished (C = 8 at
-  // ~0 misses: 15.1 -> 14.2 us on the H200).
-  const bool entries_copy_nothing = C <= p.early_copy_max_batch && 2u * C <= gridDim.x;
-  const bool entry_only = own_entries != 0 && entries_copy_nothing;
+  const bool entry_only = entry_cta && entries_copy_nothing;
   if (!entry_only && (own_entries != C || own_units != 0))
     resolve_copies<Traits, OrderIndex>(sh, prefix, src, ws, C, epoch, p);
 
   __syncthreads();
   DHISPARSE_RESOLVE_MARK(11);
-  // Such an entry CTA is not counted either: it took its entry by index (C <= grid) and touches
-  // no counter at all, so the step does not end with its round trip on `done`. The other
-  // grid - C CTAs waited for every entry's epoch-tagged publication before counting themselves
-  // (a tag computed from the epoch the entry read, so that read came first). Their last one may
-  // reset the counters while a self-copy entry still rewrites its LRU state and stores its rows:
-  // none of that touches the control block, and all of it is read in stream order.
-  if (entry_only) return;
-  if (threadIdx.x == 0) {
-    ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> done(ws.control->done);
-    const unsigned counted = entries_copy_nothing ? gridDim.x - C : gridDim.x;
-    if (done.fetch_add(1u, ::cuda::memory_order_acq_rel) == counted - 1u) {
-      control_block* c = ws.control;
-      c->ticket = 0;
-      c->done = 0;
-      c->copy_cursor = 0;
-      c->last_count = C;
-      c->last_layers = p.layers_to_copy;
-      ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device>(c->epoch).store(epoch, ::cuda::memory_order_relaxed);
-    }
+  // `done` counts every CTA's arrival (at its start, with the read of the epoch) and the departure
+  // of every CTA but the entry-only ones (here, after its last use of a counter): 2 * grid - E
+  // in all, E the entry-only CTAs. The CTA whose count completes that total resets the counters
+  // and advances the epoch. So no CTA can start after the reset and read the next launch's epoch
+  // (a CTA whose entry was taken over may start after everything else finished), and no counter
+  // is reset while a CTA may still use it. An entry-only CTA whose arrival completed the total
+  // (it started last) resets here: the others are done with the counters, and its own entry
+  // touches none of them. Entry-only CTAs may still rewrite LRU state and store rows after the
+  // reset: none of that touches the control block, and all of it is read in stream order.
+  const unsigned total = 2u * gridDim.x - (entries_copy_nothing ? C : 0u);
+  bool last = false;
+  if (threadIdx.x == 32 && entry_only) {
+    last = sh.arrived + 1u == total;  // its own write (resolve_metadata)
+    // The departures it read (acq_rel, continued by relaxed arrivals) happen before the reset.
+    if (last) ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_device);
+  } else if (threadIdx.x == 0 && !entry_only) {
+    // The same 64-bit word as the arrivals (atomics of one size on one location); the count never
+    // carries into the epoch (at most 2 * grid).
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device> done(done_epoch_word(ws.control));
+    last = static_cast<unsigned>(done.fetch_add(1u, ::cuda::memory_order_acq_rel)) + 1u == total;
+  }
+  if (last) {
+    control_block* c = ws.control;
+    c->ticket = 0;
+    c->copy_cursor = 0;
+    c->last_count = C;
+    c->last_layers = p.layers_to_copy;
+    // done = 0 and the next epoch, in one store of the word the arrivals read.
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(done_epoch_word(c))
+        .store(static_cast<std::uint64_t>(epoch) << 32, ::cuda::memory_order_relaxed);
   }
 }
 
