@@ -245,7 +245,13 @@ TEST_CASE("a residency manager adopts the engine's pinned host stores", "[gpu][a
     const auto buf = make_rows<Layout>(id, s, 0, rows);  // pageable: staged by the library
     REQUIRE(m.admit(id));
     CHECK(m.import_history(id, s, std::span<const std::byte>(buf), rows) == 3);
+    // The three complete pages were imported resident-first: device-only, their host copies
+    // deferred. Back them up now, so the whole history must be in the caller's bytes.
     m.drain();
+    m.poll();
+    CHECK(m.back_up(3) == 3);
+    m.drain();
+    m.poll();
     REQUIRE(m.audit().empty());
     // Every row is in the caller's bytes at the layout's offsets (a fresh store: pages 0, 1, ...).
     std::vector<std::byte> want(d.row_bytes);
