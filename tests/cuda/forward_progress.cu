@@ -45,18 +45,6 @@ constexpr double kFreshShare = 0.25;        // asked of the generator; at least 
 constexpr double kDeadlineSeconds = 3.0;    // the held kernel must finish within this
 constexpr unsigned long long kOccupierLimitNs = 10'000'000'000ull;  // the occupier gives up after 10 s
 
-template <std::size_t RowBytes, std::size_t Layers>
-struct fp_layout {
-  static constexpr std::size_t top_k = kTopK;
-  static constexpr std::size_t page_rows = kPageRows;
-  static constexpr std::array<dh::source_desc, 1> sources{{{RowBytes, 1, Layers, 0}}};
-  static constexpr std::array<dh::consumer_desc, Layers> consumers = [] {
-    std::array<dh::consumer_desc, Layers> c{};
-    c[0] = {0, dh::consumer_kind::reindex, 0};
-    for (std::size_t l = 1; l < Layers; ++l) c[l] = {0, dh::consumer_kind::follower, l};
-    return c;
-  }();
-};
 
 // ------------------------------------------------------------------ occupier
 
@@ -206,7 +194,8 @@ void check_bytes(Device& dev, cudaStream_t stream, const dhc::device_buffer<row_
 
 template <std::size_t RowBytes, std::size_t Layers>
 void run_resolve(std::size_t C, std::uint64_t seed) {
-  using L = fp_layout<RowBytes, Layers>;
+  using L = headline_layout<RowBytes, Layers>;
+  static_assert(L::top_k == kTopK && L::page_rows == kPageRows);
   using Hot = dh::lru_hot_cache<kHotRows>;
   INFO("resolve, C = " << C << ", " << RowBytes << "-byte rows, " << Layers << " payload layer(s)");
   occupier occ;
@@ -318,7 +307,8 @@ void run_resolve(std::size_t C, std::uint64_t seed) {
 
 void run_verify(std::size_t C, std::uint64_t seed) {
   constexpr std::size_t RowBytes = 576, Layers = 2, Kr = 2;
-  using L = fp_layout<RowBytes, Layers>;
+  using L = headline_layout<RowBytes, Layers>;
+  static_assert(L::top_k == kTopK && L::page_rows == kPageRows);
   using Hot = dh::lru_hot_cache<kHotRows>;
   INFO("verify, C = " << C << ", K_r = " << Kr);
   occupier occ;

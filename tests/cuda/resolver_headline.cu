@@ -29,22 +29,11 @@ constexpr std::size_t kTopK = 2048, kHotRows = 4096, kPageRows = 64, kTail = 64;
 constexpr std::size_t kHistory = 8192, kSteps = 50;
 constexpr double kFreshShare = 0.25;  // asked of the generator; at least 20 % is required
 
-template <std::size_t RowBytes, std::size_t Layers>
-struct headline_layout {
-  static constexpr std::size_t top_k = kTopK;
-  static constexpr std::size_t page_rows = kPageRows;
-  static constexpr std::array<dh::source_desc, 1> sources{{{RowBytes, 1, Layers, 0}}};
-  static constexpr std::array<dh::consumer_desc, Layers> consumers = [] {
-    std::array<dh::consumer_desc, Layers> c{};
-    c[0] = {0, dh::consumer_kind::reindex, 0};
-    for (std::size_t l = 1; l < Layers; ++l) c[l] = {0, dh::consumer_kind::follower, l};
-    return c;
-  }();
-};
 
 template <std::size_t RowBytes, std::size_t Layers>
 void run_headline(std::size_t C, std::uint64_t seed) {
   using L = headline_layout<RowBytes, Layers>;
+  static_assert(L::top_k == kTopK && L::page_rows == kPageRows);
   using Hot = dh::lru_hot_cache<kHotRows>;
   using host_type = dh::host_hierarchy<L, Hot>;
   using device_type = dhc::hierarchy<L, Hot>;
