@@ -170,23 +170,11 @@ void check_bytes(Device& dev, cudaStream_t stream, const dhc::device_buffer<row_
                  const dhc::device_buffer<location>& dloc, const dhc::device_buffer<std::uint64_t>& dtags,
                  std::uint32_t entries, std::uint32_t entries_per_tag, std::size_t row_bytes, std::size_t layers,
                  const std::string& ctx) {
-  dhc::device_buffer<unsigned long long> dbad(1);
-  dhc::device_buffer<unsigned> dfirst(1);
   for (std::size_t l = 0; l < layers; ++l) {
-    DHTEST_CUDA(cudaMemsetAsync(dbad.data(), 0, sizeof(unsigned long long), stream));
-    DHTEST_CUDA(cudaMemsetAsync(dfirst.data(), 0xFF, sizeof(unsigned), stream));
-    check_rows_kernel<<<(entries + 255) / 256, 256, 0, stream>>>(dsel.data(), dloc.data(), dtags.data(), entries,
-                                                                entries_per_tag, dev.pool(0, l), dev.pool_rows(),
-                                                                row_bytes, l, dbad.data(), dfirst.data());
-    DHTEST_CUDA(cudaGetLastError());
-    unsigned long long bad = 0;
-    unsigned first = 0;
-    DHTEST_CUDA(cudaMemcpyAsync(&bad, dbad.data(), sizeof bad, cudaMemcpyDeviceToHost, stream));
-    DHTEST_CUDA(cudaMemcpyAsync(&first, dfirst.data(), sizeof first, cudaMemcpyDeviceToHost, stream));
-    wait_or_die(stream, ctx + ": byte check");
-    if (bad != 0)
-      DHTEST_FAIL(ctx << ": layer " << l << ": " << bad << " entries do not hold their row's bytes; first: entry "
-                      << first);
+    const auto bad = count_wrong_rows(dev, stream, dsel, dloc, dtags, entries, entries_per_tag, row_bytes, l, ctx);
+    if (bad.count != 0)
+      DHTEST_FAIL(ctx << ": layer " << l << ": " << bad.count << " entries do not hold their row's bytes; first: entry "
+                      << bad.first);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -91,6 +92,35 @@ __global__ void check_rows_kernel(const dhisparse::row_index* sel, const dhispar
     atomicAdd(bad, 1ull);
     atomicMin(first_bad, e);
   }
+}
+
+/// What check_rows_kernel found in one payload layer.
+struct wrong_rows {
+  unsigned long long count = 0;  ///< entries whose location does not hold their row's bytes
+  unsigned first = 0;            ///< the lowest such entry (meaningful when count > 0)
+};
+
+/// Runs check_rows_kernel over `entries` entries of `dsel`/`dloc` in payload layer `layer` of
+/// source 0 of `dev` and reads its result back (synchronises `stream`).
+template <class Device>
+wrong_rows count_wrong_rows(Device& dev, cudaStream_t stream, const dhisparse::cuda::device_buffer<dhisparse::row_index>& dsel,
+                            const dhisparse::cuda::device_buffer<dhisparse::location>& dloc,
+                            const dhisparse::cuda::device_buffer<std::uint64_t>& dtags, std::uint32_t entries,
+                            std::uint32_t entries_per_tag, std::size_t row_bytes, std::size_t layer,
+                            const std::string& ctx) {
+  dhisparse::cuda::device_buffer<unsigned long long> dbad(1);
+  dhisparse::cuda::device_buffer<unsigned> dfirst(1);
+  DHTEST_CUDA(cudaMemsetAsync(dbad.data(), 0, sizeof(unsigned long long), stream));
+  DHTEST_CUDA(cudaMemsetAsync(dfirst.data(), 0xFF, sizeof(unsigned), stream));
+  check_rows_kernel<<<(entries + 255) / 256, 256, 0, stream>>>(dsel.data(), dloc.data(), dtags.data(), entries,
+                                                              entries_per_tag, dev.pool(0, layer), dev.pool_rows(),
+                                                              row_bytes, layer, dbad.data(), dfirst.data());
+  DHTEST_CUDA(cudaGetLastError());
+  wrong_rows out;
+  DHTEST_CUDA(cudaMemcpyAsync(&out.count, dbad.data(), sizeof out.count, cudaMemcpyDeviceToHost, stream));
+  DHTEST_CUDA(cudaMemcpyAsync(&out.first, dfirst.data(), sizeof out.first, cudaMemcpyDeviceToHost, stream));
+  wait_or_die(stream, ctx + ": byte check");
+  return out;
 }
 
 }  // namespace dhtest

@@ -67,8 +67,6 @@ void run_headline(std::size_t C, std::uint64_t seed) {
     dhc::device_buffer<row_index> dsel(C * kTopK);
     dhc::device_buffer<location> dloc(C * kTopK);
     dhc::device_buffer<std::uint64_t> dtags(C);
-    dhc::device_buffer<unsigned long long> dbad(1);
-    dhc::device_buffer<unsigned> dfirst(1);
     DHTEST_CUDA(cudaMemcpy(dtags.data(), tags.data(), C * sizeof(std::uint64_t), cudaMemcpyHostToDevice));
 
     dh::workload::selection_params params;
@@ -141,23 +139,13 @@ void run_headline(std::size_t C, std::uint64_t seed) {
 
       // Exactness on the device, every materialised layer.
       for (std::size_t l = 0; l < Layers; ++l) {
-        DHTEST_CUDA(cudaMemsetAsync(dbad.data(), 0, sizeof(unsigned long long), stream));
-        DHTEST_CUDA(cudaMemsetAsync(dfirst.data(), 0xFF, sizeof(unsigned), stream));
         const auto entries = static_cast<std::uint32_t>(C * kTopK);
-        check_rows_kernel<<<(entries + 255) / 256, 256, 0, stream>>>(dsel.data(), dloc.data(), dtags.data(), entries,
-                                                                    static_cast<std::uint32_t>(kTopK), dev.pool(0, l),
-                                                                    dev.pool_rows(), RowBytes, l,
-                                                                    dbad.data(), dfirst.data());
-        DHTEST_CUDA(cudaGetLastError());
-        unsigned long long bad = 0;
-        unsigned first = 0;
-        DHTEST_CUDA(cudaMemcpyAsync(&bad, dbad.data(), sizeof bad, cudaMemcpyDeviceToHost, stream));
-        DHTEST_CUDA(cudaMemcpyAsync(&first, dfirst.data(), sizeof first, cudaMemcpyDeviceToHost, stream));
-        wait_or_die(stream, ctx + ": byte check");
-        if (bad != 0)
-          DHTEST_FAIL(ctx << ": layer " << l << ": " << bad << " entries do not hold their row's bytes; first: request "
-                          << ids[first / kTopK] << " entry " << first % kTopK << " row " << sel[first]
-                          << " at location " << got[first]);
+        const auto bad = count_wrong_rows(dev, stream, dsel, dloc, dtags, entries, static_cast<std::uint32_t>(kTopK),
+                                          RowBytes, l, ctx);
+        if (bad.count != 0)
+          DHTEST_FAIL(ctx << ": layer " << l << ": " << bad.count << " entries do not hold their row's bytes; first: request "
+                          << ids[bad.first / kTopK] << " entry " << bad.first % kTopK << " row " << sel[bad.first]
+                          << " at location " << got[bad.first]);
         rows_checked += entries;
       }
 
