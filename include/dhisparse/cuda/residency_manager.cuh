@@ -1149,7 +1149,11 @@ class residency_manager {
       }
     };
     for (std::size_t s = 0; s < sources; ++s) {
-      const auto pages = static_cast<std::size_t>(h_.prefix_rows(prefix, s)) / page_rows;  // complete pages
+      // Every page holding prefix rows, the partial last one included: its rows are read from the
+      // host store by the boundary copy and the tail fill of admissions on the prefix, and the
+      // request's page may be complete and device-only although the prefix ends inside it.
+      const auto rows = static_cast<std::size_t>(h_.prefix_rows(prefix, s));
+      const std::size_t pages = (rows + page_rows - 1) / page_rows;
       for (std::size_t page = 0; page < pages; ++page) {
         auto& e = b.pages[s][page];
         if (!e.device_only) continue;
