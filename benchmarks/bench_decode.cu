@@ -64,7 +64,7 @@ void usage() {
       "             [--concurrency=1,4,16,32,64,128,208,256] [--policies=resident,fixed-budget,adaptive]\n"
       "             [--budget-gib=90] [--weight-gib=6.6 (0: no stand-in)] [--hidden=7168] [--heads=16]\n"
       "             [--drift=0.3] [--warmup=3] [--timed=20] [--phased=5] [--gen-tokens=1024]\n"
-      "             [--no-stand-in-off] [--no-check] [--spec] [--spec-alpha=0.7]");
+      "             [--no-stand-in-off] [--no-check] [--spec] [--spec-alpha=0.7] [--spec-fixed-gib=6.6]");
 }
 
 cli parse(int argc, char** argv) {
@@ -89,6 +89,9 @@ cli parse(int argc, char** argv) {
       c.run.check = false;
     } else if (a == "--spec") {
       c.run.spec_too = true;
+    } else if (auto v = val("--spec-fixed-gib")) {
+      c.run.spec_fixed_gib = std::stod(*v);
+      if (!(c.run.spec_fixed_gib >= 0.0)) throw std::invalid_argument("--spec-fixed-gib must be at least 0");
     } else if (auto v = val("--spec-alpha")) {
       c.run.spec_alpha = std::stod(*v);
       if (!(c.run.spec_alpha >= 0.0 && c.run.spec_alpha <= 1.0)) throw std::invalid_argument("--spec-alpha must be in [0, 1]");
@@ -143,6 +146,7 @@ std::string settings_json(const cli& c, const std::string& device, const dm::sta
     << ", \"drift\": " << c.run.rho << ", \"warmup\": " << c.run.warmup << ", \"timed\": " << c.run.timed
     << ", \"phased\": " << c.run.phased << ", \"gen_tokens\": " << c.run.gen_tokens
     << ", \"spec\": " << (c.run.spec_too ? "true" : "false") << ", \"spec_alpha\": " << c.run.spec_alpha
+    << ", \"spec_fixed_gib\": " << c.run.spec_fixed_gib
     << ", \"spec_drafter\": \"dflash2\""
     << ", \"slice_sources\": 1, \"model_sources\": {\"glm-5.3\": 21, \"deepseek-v4.1-flash\": 8}"
     << ", \"hot_rows\": {\"glm-5.3\": " << dm::glm53_hot_rows << ", \"deepseek-v4.1-flash\": "

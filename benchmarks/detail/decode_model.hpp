@@ -234,6 +234,16 @@ inline dhisparse::drafter_shape spec_drafter(unsigned block) {
   return d;
 }
 
+/// GiB of GPU memory speculation adds per GPU besides the per-session drafter state: the paper's
+/// "6.6 GiB of fixed allocations per GPU for the drafter, the target model and metadata".
+inline constexpr double spec_fixed_gib_default = 6.6;
+
+/// The KV budget left for sessions when speculation runs: M less its fixed allocations (0 when
+/// they take all of it).
+constexpr std::uint64_t speculative_budget(std::uint64_t budget, std::uint64_t fixed_bytes) {
+  return budget > fixed_bytes ? budget - fixed_bytes : 0;
+}
+
 /// Equation (13) for one measured configuration: a speculative run beside the plain run of the
 /// same model, context, C, policy and stand-in setting.
 struct spec_verdict {

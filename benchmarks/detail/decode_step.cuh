@@ -229,8 +229,12 @@ struct run_options {
   std::uint64_t gen_tokens = 1024;      ///< tokens a session generates before it leaves (queue model)
   bool keep_outputs = false;            ///< record every step's attention output (tests)
   /// K of a speculative run (one round a step, every session's block K); 0 or 1: plain decode.
-  /// Sessions are admitted with the drafter's state (`spec_drafter(K)`) charged.
+  /// Sessions are admitted with the drafter's state (`spec_drafter(K)`) charged, under M less
+  /// `spec_fixed_gib`.
   unsigned spec_block = 0;
+  /// GiB of fixed allocations speculation takes out of M before sessions are admitted
+  /// (`speculative_budget`; the paper's 6.6).
+  double spec_fixed_gib = spec_fixed_gib_default;
   double spec_alpha = 0.7;              ///< per-proposal acceptance of `accepted_length_distribution`
   bool spec_too = false;                ///< run_model: a speculative run beside the plain one (--spec)
 };
@@ -266,8 +270,11 @@ class decode_run {
   decode_run(std::string model, const run_options& o, stand_in_gemm& gemm, cudaStream_t stream)
       : model_(std::move(model)), o_(o), gemm_(gemm), stream_(stream) {
     const auto shape = dhisparse::shape_of<Full>();
-    const std::uint64_t budget = static_cast<std::uint64_t>(o.budget_gib * static_cast<double>(1ull << 30));
+    const auto gib = static_cast<double>(1ull << 30);
     kb_ = o.spec_block > 1 ? o.spec_block : 1;
+    const auto m_bytes = static_cast<std::uint64_t>(o.budget_gib * gib);
+    const std::uint64_t budget =
+        kb_ > 1 ? speculative_budget(m_bytes, static_cast<std::uint64_t>(o.spec_fixed_gib * gib)) : m_bytes;
     if (kb_ > 1 && (m != 1 || kb_ > ring_t::max_block))
       throw std::invalid_argument("speculative runs need one position a row and K <= " + std::to_string(ring_t::max_block));
     const auto drafter = kb_ > 1 ? spec_drafter(kb_) : dhisparse::drafters::none;

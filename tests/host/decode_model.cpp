@@ -115,6 +115,11 @@ TEST_CASE("decode model: closed-loop admission matches the paper's capacity and 
                                             dhisparse::drafters::dflash2);
     // 83.4 GiB / 0.492 GiB: 169 sessions; the paper's 140 also holds staging for its slots.
     CHECK(spec.admitted == static_cast<std::uint64_t>((budget - 6.6 * gib) / spec.per_session_bytes));
+    // bench_decode --spec charges the fixed allocations through speculative_budget.
+    const auto fixed = static_cast<std::uint64_t>(dm::spec_fixed_gib_default * gib);
+    CHECK(dm::speculative_budget(budget, fixed) == budget - fixed);
+    CHECK(dm::speculative_budget(fixed, budget) == 0);
+    CHECK(dm::speculative_budget(budget, 0) == budget);
   }
   SECTION("below capacity everything is admitted") {
     for (auto p : {dm::policy::resident, dm::policy::fixed_budget, dm::policy::adaptive}) {
