@@ -771,47 +771,49 @@ TEST_CASE("the CUDA manager's append_step fills completed pages under a pinning 
   cudaStream_t stream = nullptr, backup = nullptr;
   DHTEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   DHTEST_CUDA(cudaStreamCreateWithFlags(&backup, cudaStreamNonBlocking));
-  dh::hierarchy_config c = config();
-  c.max_rows = 256;  // 4 pinned pages a request and source
-  c.optional_pages = 16;
-  dhc::residency_manager<CH, dh::resident_policy> m(c, {1, 1}, stream);
-  const std::array<request_id, 2> ids{1, 2};
-  for (request_id id : ids) REQUIRE(m.admit(id));
-  m.reserve_ahead(c.max_rows);
-  step_buffers w;
-  std::array<std::int64_t, 2> f{0, 0};  // the same on both sources
-  for (int step = 0; step < 40; ++step) {  // 4 rows a step: page 0 completes at step 15, page 1 at 31
-    w.clear();
+  {  // the manager synchronises its step stream when it is destroyed: it goes before the streams
+    dh::hierarchy_config c = config();
+    c.max_rows = 256;  // 4 pinned pages a request and source
+    c.optional_pages = 16;
+    dhc::residency_manager<CH, dh::resident_policy> m(c, {1, 1}, stream);
+    const std::array<request_id, 2> ids{1, 2};
+    for (request_id id : ids) REQUIRE(m.admit(id));
+    m.reserve_ahead(c.max_rows);
+    step_buffers w;
+    std::array<std::int64_t, 2> f{0, 0};  // the same on both sources
+    for (int step = 0; step < 40; ++step) {  // 4 rows a step: page 0 completes at step 15, page 1 at 31
+      w.clear();
+      for (std::size_t e = 0; e < ids.size(); ++e)
+        for (std::size_t s = 0; s < kSources; ++s)
+          w.set(e, static_cast<std::int32_t>(m.hierarchy().slot_of(ids[e])), s, kMaxRows, request_tag(ids[e], 9), f[e]);
+      w.upload(stream);
+      m.append_step(w.view(), backup);  // the fills read host rows the backup wrote: joined first
+      for (auto& x : f) x += static_cast<std::int64_t>(kMaxRows);
+    }
+    m.drain();
+    REQUIRE(m.audit().empty());
+    const auto& h = m.hierarchy();
     for (std::size_t e = 0; e < ids.size(); ++e)
-      for (std::size_t s = 0; s < kSources; ++s)
-        w.set(e, static_cast<std::int32_t>(m.hierarchy().slot_of(ids[e])), s, kMaxRows, request_tag(ids[e], 9), f[e]);
-    w.upload(stream);
-    m.append_step(w.view(), backup);  // the fills read host rows the backup wrote: joined first
-    for (auto& x : f) x += static_cast<std::int64_t>(kMaxRows);
-  }
-  m.drain();
-  REQUIRE(m.audit().empty());
-  const auto& h = m.hierarchy();
-  for (std::size_t e = 0; e < ids.size(); ++e)
-    for (std::size_t s = 0; s < kSources; ++s) {
-      REQUIRE(h.frontier(ids[e], s) == f[e]);
-      const auto map = h.optional_map_of(ids[e], s);
-      const std::size_t rb = Layout::sources[s].row_bytes;
-      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
-        std::vector<std::byte> pool(h.pool_rows() * rb);
-        h.copy_pool(s, l, pool);
-        for (std::size_t page = 0; page < static_cast<std::size_t>(f[e]) / Layout::page_rows; ++page) {
-          INFO("request " << ids[e] << " source " << s << " layer " << l << " page " << page);
-          REQUIRE(map[page] >= 0);  // every complete page is mapped, as append maps it
-          for (std::size_t i = 0; i < Layout::page_rows; ++i) {
-            const auto r = static_cast<std::int64_t>(page * Layout::page_rows + i);
-            const location loc = h.space().optional(static_cast<std::size_t>(map[page]), r);
-            REQUIRE(row_matches(std::span<const std::byte>(pool.data() + static_cast<std::size_t>(loc) * rb, rb),
-                                request_tag(ids[e], 9), s, l, r));
+      for (std::size_t s = 0; s < kSources; ++s) {
+        REQUIRE(h.frontier(ids[e], s) == f[e]);
+        const auto map = h.optional_map_of(ids[e], s);
+        const std::size_t rb = Layout::sources[s].row_bytes;
+        for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+          std::vector<std::byte> pool(h.pool_rows() * rb);
+          h.copy_pool(s, l, pool);
+          for (std::size_t page = 0; page < static_cast<std::size_t>(f[e]) / Layout::page_rows; ++page) {
+            INFO("request " << ids[e] << " source " << s << " layer " << l << " page " << page);
+            REQUIRE(map[page] >= 0);  // every complete page is mapped, as append maps it
+            for (std::size_t i = 0; i < Layout::page_rows; ++i) {
+              const auto r = static_cast<std::int64_t>(page * Layout::page_rows + i);
+              const location loc = h.space().optional(static_cast<std::size_t>(map[page]), r);
+              REQUIRE(row_matches(std::span<const std::byte>(pool.data() + static_cast<std::size_t>(loc) * rb, rb),
+                                  request_tag(ids[e], 9), s, l, r));
+            }
           }
         }
       }
-    }
+  }
   DHTEST_CUDA(cudaStreamDestroy(backup));
   DHTEST_CUDA(cudaStreamDestroy(stream));
 }

@@ -140,6 +140,7 @@ class residency_manager {
 
   /// Builds the hierarchy on `step_stream` (the stream resolves, appends and imports are ordered
   /// on) and a non-blocking copy stream. Throws invalid_configuration as the host manager does.
+  /// The step stream must outlive the manager: its destructor waits for both streams.
   residency_manager(const hierarchy_config& hcfg, const residency_config& rcfg, cudaStream_t step_stream = nullptr)
       : h_(hcfg, step_stream), cfg_(rcfg), step_(step_stream) {
     start();
