@@ -23,9 +23,8 @@
 #include <string>
 
 #if DHISPARSE_CATCH2_MAJOR >= 3
-// Only the parts the tests use, never <catch2/catch_all.hpp>: that one also pulls in the
-// benchmark, matcher-template and every generator header, and nvcc's front end spent minutes on
-// each CUDA test that included it (g++ 13, Catch2 3.4). Add a header here when a test needs more.
+// Only the parts the tests use, never <catch2/catch_all.hpp> (the benchmark, every matcher and
+// every generator would be compiled into each test). Add a header here when a test needs more.
 #  include <catch2/catch_approx.hpp>                      // Catch::Approx
 #  include <catch2/catch_message.hpp>                     // INFO, CAPTURE
 #  include <catch2/catch_template_test_macros.hpp>        // TEMPLATE_TEST_CASE
@@ -33,6 +32,20 @@
 #  include <catch2/generators/catch_generators.hpp>       // GENERATE, values
 #  include <catch2/generators/catch_generators_range.hpp> // range
 #  include <catch2/matchers/catch_matchers_string.hpp>    // ContainsSubstring, REQUIRE_THROWS_WITH
+// Under nvcc, Catch2 3 wraps every assertion in `_Pragma("nv_diagnostic push")` ... `pop`
+// (catch_compiler_capabilities.hpp). In assertions inside templates that are instantiated (the
+// test twins of tests/cuda), nvcc's front end (cudafe++) then ran for many minutes per file
+// instead of seconds (Catch2 3.4 and 3.7, g++ 12 and 13, nvcc 13.0). The pragmas only silence
+// warnings in Catch2's own expansions, so they are turned off for CUDA translation units.
+// The macros are expanded where an assertion is written, so redefining them here takes effect.
+#  if defined(__CUDACC__) && !defined(__clang__)
+#    undef CATCH_INTERNAL_START_WARNINGS_SUPPRESSION
+#    undef CATCH_INTERNAL_STOP_WARNINGS_SUPPRESSION
+#    undef CATCH_INTERNAL_SUPPRESS_UNUSED_VARIABLE_WARNINGS
+#    define CATCH_INTERNAL_START_WARNINGS_SUPPRESSION
+#    define CATCH_INTERNAL_STOP_WARNINGS_SUPPRESSION
+#    define CATCH_INTERNAL_SUPPRESS_UNUSED_VARIABLE_WARNINGS
+#  endif
 using Catch::Approx;  // v2 spelling `Approx(...)` keeps working
 
 namespace dhisparse_testing {
