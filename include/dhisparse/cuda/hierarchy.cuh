@@ -757,30 +757,48 @@ class hierarchy {
   // the stream they are given, or the hierarchy's stream, never the device; results of work on
   // another stream must be ordered before that stream first (an event, or a wait on the host).
 
-  /// Synchronises `stream` and throws the typed error of the first bad batch entry of the first
-  /// failing launch (any source) since the last check, naming request, batch entry and
-  /// selection entry; the error record is cleared. Also throws device_error for CUDA errors.
-  /// Synchronises `stream` only (it reads and clears the records on `stream`).
+  /// Synchronises `stream`, takes and clears every error record of every source (bad entries of
+  /// resolves, verifies, batched writes, stages and commits, and over-capacity batch counts since
+  /// the last check), and throws the typed error of the first: the first failing launch of the
+  /// lowest source, naming request, batch entry and selection entry. Its message ends with the
+  /// others (the first few in full, then a count), so one call per step leaves nothing for the
+  /// next. Verify errors mark their rounds unverified. Also throws device_error for CUDA errors
+  /// (then records may remain). Synchronises `stream` only (it reads and clears on `stream`).
   void check_errors(cudaStream_t stream) {
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     DHISPARSE_CUDA_TRY(cudaGetLastError());
+    std::optional<errc> first;
+    std::string message;
+    std::vector<std::string> others;
     for (std::size_t s = 0; s < sources; ++s) {
-      auto& src = src_[s];
-      check_write_errors(s, stream);
-      if (speculative()) check_verify_errors(s, stream);
-      const control_block cb = read_on(stream, src.ws.control, 1).front();
-      if (cb.overflow != 0) {
-        clear_on(stream, &src.ws.control->overflow);  // cleared before any later launch, whatever its stream
-        throw size_mismatch("resolve on source " + std::to_string(s) + " was given a batch count of " +
-                            std::to_string(cb.overflow) + ", above the batch_view capacity; extra entries were ignored");
+      // Each throw below clears the record it reports, so this loop ends.
+      for (;;) {
+        try {
+          check_source_errors(s, stream);
+          break;
+        } catch (const device_error&) {
+          throw;
+        } catch (const error& e) {
+          std::string what = e.what();
+          if (what.rfind("dhisparse: ", 0) == 0) what.erase(0, 11);
+          if (!first) {
+            first = e.code();
+            message = std::move(what);
+          } else {
+            others.push_back(std::move(what));
+          }
+        }
       }
-      if (cb.sticky_epoch == 0) continue;
-      const auto recs = read_on(stream, src.ws.sticky, cfg_.max_requests);
-      clear_on(stream, &src.ws.control->sticky_epoch);
-      for (std::size_t t = 0; t < recs.size(); ++t)
-        if (recs[t].epoch == cb.sticky_epoch && recs[t].code != status_ok)
-          throw_error(to_errc(recs[t].code), describe(s, t, recs[t]));
     }
+    if (!first) return;
+    constexpr std::size_t shown = 3;
+    if (!others.empty()) {
+      message += "; " + std::to_string(others.size()) + " more error record" + (others.size() > 1 ? "s" : "") +
+                 " cleared by this check:";
+      for (std::size_t i = 0; i < others.size() && i < shown; ++i) message += " [" + others[i] + "]";
+      if (others.size() > shown) message += " and " + std::to_string(others.size() - shown) + " more";
+    }
+    throw_error(*first, message);
   }
   /// As above, for the hierarchy's stream.
   void check_errors() { check_errors(stream_); }
@@ -2003,6 +2021,25 @@ class hierarchy {
   /// The verify part of `check_errors`: throws the first bad entry of the first failing verify of
   /// a source; every request whose entry failed there has its round marked unverified (its device
   /// state did not change, so a commit must follow a successful verify).
+  // Throws the first error record of source `s` (writes, then verifies, then resolves) and clears
+  // that record; returns when the source has none.
+  void check_source_errors(std::size_t s, cudaStream_t stream) {
+    auto& src = src_[s];
+    check_write_errors(s, stream);
+    if (speculative()) check_verify_errors(s, stream);
+    const control_block cb = read_on(stream, src.ws.control, 1).front();
+    if (cb.overflow != 0) {
+      clear_on(stream, &src.ws.control->overflow);  // cleared before any later launch, whatever its stream
+      throw size_mismatch("resolve on source " + std::to_string(s) + " was given a batch count of " +
+                          std::to_string(cb.overflow) + ", above the batch_view capacity; extra entries were ignored");
+    }
+    if (cb.sticky_epoch == 0) return;
+    const auto recs = read_on(stream, src.ws.sticky, cfg_.max_requests);
+    clear_on(stream, &src.ws.control->sticky_epoch);
+    for (std::size_t t = 0; t < recs.size(); ++t)
+      if (recs[t].epoch == cb.sticky_epoch && recs[t].code != status_ok)
+        throw_error(to_errc(recs[t].code), describe(s, t, recs[t]));
+  }
   void check_verify_errors(std::size_t s, cudaStream_t stream) {
     auto& src = src_[s];
     const control_block cb = read_on(stream, src.vws.control, 1).front();
