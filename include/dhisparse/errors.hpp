@@ -43,6 +43,8 @@ enum class errc {
   duplicate_prefix,          ///< prefix id is already retained
   prefix_budget_exceeded,    ///< a prefix's pages do not fit hierarchy_config::prefix_pages even with every other prefix evicted
   suffix_misaligned,         ///< a suffix imported on a prefix does not start at the prefix's end
+  // Shared host stores (appended, same reason).
+  host_copy_pending,         ///< a rank needs a row's host copy from a shared host store before its owner rank wrote it
 };
 
 /// Short name of an error category, for messages and logs.
@@ -77,6 +79,7 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::duplicate_prefix: return "duplicate_prefix";
     case errc::prefix_budget_exceeded: return "prefix_budget_exceeded";
     case errc::suffix_misaligned: return "suffix_misaligned";
+    case errc::host_copy_pending: return "host_copy_pending";
   }
   return "unknown";
 }
@@ -131,6 +134,7 @@ using unknown_prefix = typed_error<errc::unknown_prefix>;
 using duplicate_prefix = typed_error<errc::duplicate_prefix>;
 using prefix_budget_exceeded = typed_error<errc::prefix_budget_exceeded>;
 using suffix_misaligned = typed_error<errc::suffix_misaligned>;
+using host_copy_pending = typed_error<errc::host_copy_pending>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -164,6 +168,7 @@ using suffix_misaligned = typed_error<errc::suffix_misaligned>;
     case errc::duplicate_prefix: throw duplicate_prefix(what);
     case errc::prefix_budget_exceeded: throw prefix_budget_exceeded(what);
     case errc::suffix_misaligned: throw suffix_misaligned(what);
+    case errc::host_copy_pending: throw host_copy_pending(what);
   }
   throw error(code, what);
 }

@@ -11,6 +11,13 @@
 /// below its own rows, so shared pages are never written (no copy on write). The optional pool is
 /// keyed by host page: the slots that map the same host page share one pool page (counted once),
 /// which returns to the pool when its last slot unmaps it.
+///
+/// Shared host store (docs/multi-gpu.md): the books of one rank of several that share one host
+/// store (`attach_shared`) take a slot's pages from the shared books, keyed by the request in the
+/// slot (`bind`), so every rank maps history page p of a request to the same host page; the page
+/// counts below stay this rank's holders, and the shared books free a page once no rank holds it.
+/// The caller holds the shared books' mutex around every call. Unattached books pay one null test
+/// per page taken or dropped.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +31,7 @@
 #include "../errors.hpp"
 #include "../host/host_store.hpp"
 #include "../types.hpp"
+#include "shared_store_books.hpp"
 
 namespace dhisparse::detail {
 
@@ -65,9 +73,37 @@ class history_books {
   [[nodiscard]] std::int32_t optional_of_host(page_id g) const { return optional_of_host_[static_cast<std::size_t>(g)]; }
   /// One more holder of an allocated host page (a retained prefix or a slot sharing it).
   void share_page(page_id g) { ++refs_[static_cast<std::size_t>(g)]; }
-  /// One holder fewer; the page returns to the store with its last holder.
+  /// One holder fewer; the page returns to the store with its last holder (on a shared store:
+  /// this rank's last holder; the shared books free it with the last rank's).
   void drop_page(page_id g) {
-    if (--refs_[static_cast<std::size_t>(g)] == 0) store_.release(g);
+    if (--refs_[static_cast<std::size_t>(g)] != 0) return;
+    if (shared_) shared_->release(source_, g, rank_);
+    else store_.release(g);
+  }
+
+  /// Makes these books rank `rank`'s part of a shared host store for source `source`: pages come
+  /// from `shared` (the store in `store_` is then only the shared bytes' geometry and address).
+  void attach_shared(shared_store_books* shared, std::size_t source, std::size_t rank) {
+    shared_ = shared;
+    source_ = source;
+    rank_ = rank;
+    keys_.assign(slots_.size(), 0);
+  }
+  /// Names the request in slot `s` (shared store: its pages are keyed by the request id).
+  void bind(std::size_t s, request_id id) {
+    if (shared_) keys_[s] = id;
+  }
+  /// The shared books, or null when the books own their store.
+  [[nodiscard]] shared_store_books* shared() const { return shared_; }
+  /// Request id of slot `s` on a shared store.
+  [[nodiscard]] request_id key(std::size_t s) const { return keys_[s]; }
+  /// Free host pages: the store's own, or the shared store's.
+  [[nodiscard]] std::size_t free_host_pages() const { return shared_ ? shared_->free_pages(source_) : store_.free_pages(); }
+  /// Host pages that taking history pages [first, last) of slot `s` would allocate: all of them, or
+  /// on a shared store those that no rank has yet.
+  [[nodiscard]] std::size_t pages_to_take(std::size_t s, std::size_t first, std::size_t last) const {
+    if (last <= first) return 0;
+    return shared_ ? shared_->pages_missing(source_, keys_[s], first, last) : last - first;
   }
 
   /// Fills an empty slot with the first `rows` rows of a retained history held in `pages` (the
@@ -85,7 +121,7 @@ class history_books {
     }
     page_id boundary = no_page;
     if (full < pages.size()) {
-      boundary = take_page();
+      boundary = take_page(s, full);
       st.host_pages[full] = boundary;
     }
     st.allocated_pages = pages.size();
@@ -137,17 +173,23 @@ class history_books {
   }
   /// Throws host_pool_exhausted unless `pages` host pages are free (a reservation's check).
   void check_reserve(request_id id, std::size_t source, std::size_t pages) const {
-    if (pages > store_.free_pages())
+    if (pages > free_host_pages())
       throw host_pool_exhausted("reservation for request " + std::to_string(id) + " needs " + std::to_string(pages) +
                                 " host pages on source " + std::to_string(source) + ", " +
-                                std::to_string(store_.free_pages()) + " free");
+                                std::to_string(free_host_pages()) + " free");
+  }
+  /// Host pages a reservation of `rows_ahead` rows would allocate for slot `s` (`pages_to_reserve`,
+  /// less those another rank of a shared store already has).
+  [[nodiscard]] std::size_t fresh_pages_to_reserve(std::size_t s, std::size_t rows_ahead) const {
+    const std::size_t first = slots_[s].allocated_pages;
+    return pages_to_take(s, first, first + pages_to_reserve(s, rows_ahead));
   }
   /// Allocates the host pages `pages_to_reserve(s, rows_ahead)` names (check first: all or nothing
   /// is the caller's check_reserve). The frontier does not move.
   reserve_span reserve(std::size_t s, std::size_t rows_ahead) {
     auto& st = slots_[s];
     reserve_span r{st.allocated_pages, st.allocated_pages + pages_to_reserve(s, rows_ahead)};
-    for (std::size_t g = r.first_page; g < r.last_page; ++g) st.host_pages[g] = take_page();
+    for (std::size_t g = r.first_page; g < r.last_page; ++g) st.host_pages[g] = take_page(s, g);
     st.allocated_pages = r.last_page;
     return r;
   }
@@ -185,11 +227,11 @@ class history_books {
                               std::to_string(max_rows_) + " (" + std::to_string(room) + " left)");
     const std::int64_t last = st.frontier + static_cast<std::int64_t>(count);
     const std::size_t want = pages_for(last);
-    const std::size_t pages_needed = want > st.allocated_pages ? want - st.allocated_pages : 0;  // reserved pages serve
-    if (pages_needed > store_.free_pages())
+    const std::size_t pages_needed = pages_to_take(s, st.allocated_pages, want);  // reserved pages serve
+    if (pages_needed > free_host_pages())
       throw host_pool_exhausted("append of request " + std::to_string(id) + " needs " + std::to_string(pages_needed) +
                                 " host pages on source " + std::to_string(source) + ", " +
-                                std::to_string(store_.free_pages()) + " free");
+                                std::to_string(free_host_pages()) + " free");
   }
 
   /// Records an append that `check_append` accepted: allocates the host pages it needs beyond the
@@ -201,7 +243,7 @@ class history_books {
     a.last_row = st.frontier + static_cast<std::int64_t>(count);
     a.first_page = st.allocated_pages;
     a.last_page = std::max(st.allocated_pages, pages_for(a.last_row));
-    for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = take_page();
+    for (std::size_t g = a.first_page; g < a.last_page; ++g) st.host_pages[g] = take_page(s, g);
     st.allocated_pages = a.last_page;
     st.frontier = a.last_row;
     return a;
@@ -302,8 +344,8 @@ class history_books {
       throw position_out_of_range("optional page " + std::to_string(page) + " of request " + std::to_string(id) +
                                   " is outside its " + std::to_string(pages_per_request()) + " history pages");
   }
-  page_id take_page() {
-    const page_id g = store_.allocate();
+  page_id take_page(std::size_t s, std::size_t page) {
+    const page_id g = shared_ ? shared_->acquire(source_, keys_[s], page, rank_) : store_.allocate();
     refs_[static_cast<std::size_t>(g)] = 1;
     return g;
   }
@@ -323,6 +365,9 @@ class history_books {
   std::vector<std::uint32_t> refs_;              // host page -> holders (slots, retained prefixes)
   std::vector<std::int32_t> optional_of_host_;   // host page -> optional pool page serving it, -1 if none
   std::vector<std::uint32_t> optional_refs_;     // optional pool page -> slots mapping it
+  shared_store_books* shared_ = nullptr;         // the shared store's books, null when store_ is ours
+  std::size_t source_ = 0, rank_ = 0;            // this books' source and rank on the shared store
+  std::vector<request_id> keys_;                 // shared store: slot -> request id
 };
 
 }  // namespace dhisparse::detail
