@@ -23,16 +23,24 @@
 /// joins the history only once its m positions are committed, the partially filled boundary row
 /// stays in the tail ring, and a query may select a row only once all of its positions are visible
 /// to that query (docs/speculative.md, "Packed rows").
+///
+/// Several GPUs of one host (docs/multi-gpu.md): hierarchies built over one `shared_host_store`,
+/// one per tensor-parallel rank, keep one host copy of each request's history. Each rank keeps its
+/// own hot cache, tail ring and optional history; history page p's host copy is written only by
+/// rank p mod N; a rank reading a row from the host store before its owner wrote it gets
+/// host_copy_pending (ranks step in lockstep, appending a step's rows before any resolve reads them).
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "../detail/history_books.hpp"
@@ -52,6 +60,7 @@
 #include "../types.hpp"
 #include "../resolver.hpp"
 #include "host_store.hpp"
+#include "shared_host_store.hpp"
 #include "../layouts/tiny.hpp"
 
 namespace dhisparse {
@@ -167,6 +176,23 @@ class host_hierarchy {
   host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores)
       : host_hierarchy(cfg, host_stores, true) {}
 
+  /// Rank `rank` of the tensor-parallel hierarchies sharing `store` (docs/multi-gpu.md): the
+  /// hierarchy allocates its own simulated pools (hot caches, tails, optional pages, staging) and
+  /// keeps no host store of its own; its requests' histories live in `store`, one copy for every
+  /// rank, and it writes the host copies of the history pages it owns (`store.owner(p) == rank`).
+  /// `store` must outlive the hierarchy; the hierarchy's page holds and attachments end with it.
+  /// `cfg.host_pages` is 0 or the store's `host_pages()`. Throws invalid_configuration (rank outside
+  /// the store's ranks, a rank that already has a hierarchy, host_pages not the store's, or what the
+  /// other constructors reject). A hierarchy of another layout does not compile.
+  host_hierarchy(const hierarchy_config& cfg, shared_host_store<Layout>& store, std::size_t rank)
+      : host_hierarchy(shared_config(cfg, store), std::span<const std::span<std::byte>>{}, false, &store.books(),
+                       rank) {}
+
+  /// True when the hierarchy is a rank of a shared host store.
+  [[nodiscard]] bool shares_host_store() const { return binding_.books != nullptr; }
+  /// Its rank on the shared host store (0 when it owns its stores).
+  [[nodiscard]] std::size_t rank() const { return binding_.rank; }
+
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
   /// Location geometry of the payload pools shared by every source: hot-cache, tail and optional
@@ -196,6 +222,17 @@ class host_hierarchy {
   /// Admits a request with an empty history. Waits (returns not admitted) when no slot is free;
   /// throws duplicate_admission for an id that is already admitted.
   admission admit(request_id id) {
+    if (auto* shared = binding_.books) {  // attach to the request's history on the shared store
+      const std::scoped_lock lock(shared->mutex());
+      if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
+      // A full registry waits, and so does an id this rank completed while other ranks still hold
+      // that earlier history: attaching now would join the old history.
+      if (registry_.size() >= registry_.capacity() || !shared->can_attach(id, binding_.rank)) return {};
+      const std::size_t slot = *registry_.admit(id);
+      for (auto& src : src_) src.books.bind(slot, id);
+      shared->attach(id, binding_.rank);
+      return {true, slot};
+    }
     auto slot = registry_.admit(id);
     if (!slot) return {};
     return {true, *slot};
@@ -204,6 +241,7 @@ class host_hierarchy {
   /// Completes a request: its slot and its references on host and optional pages are released
   /// (pages that retained prefixes or other requests still hold stay).
   void complete(request_id id) {
+    const auto lock = shared_lock();
     std::size_t slot = registry_.slot(id);
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
@@ -211,6 +249,7 @@ class host_hierarchy {
       std::erase_if(src.plan, [slot](const planned_copy& c) { return c.slot == slot; });  // its host pages are gone
       reset_hot(src.state[slot]);
     }
+    if (binding_.books) binding_.books->detach(id, binding_.rank);  // its pages were dropped above
     registry_.release(id);
   }
 
@@ -228,10 +267,12 @@ class host_hierarchy {
   /// position_out_of_range (negative), position_beyond_frontier (past the stored rows),
   /// prefix_budget_exceeded (does not fit even with every other prefix evicted).
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    check_prefixes_supported("retain_prefix");
     return prefixes_.retain_rows(prefix, id, registry_.slot(id), rows, books_of_source());
   }
   /// Retains a request's whole stored history on every source (`frontier(id, s)` rows each).
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    check_prefixes_supported("retain_prefix");
     return prefixes_.retain_stored(prefix, id, registry_.slot(id), books_of_source());
   }
 
@@ -243,11 +284,12 @@ class host_hierarchy {
   /// prefix becomes the most recently used. Waits (returns not admitted, nothing changed) when no
   /// slot is free or a boundary copy finds no free host page. Throws duplicate_admission, unknown_prefix.
   admission admit(request_id id, prefix_id prefix) {
+    check_prefixes_supported("admit on a prefix");
     if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
     const auto& e = prefixes_.find(prefix);
     if (registry_.size() >= registry_.capacity()) return {};
     for (std::size_t s = 0; s < sources; ++s)
-      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.store().free_pages()) return {};
+      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.free_host_pages()) return {};
     const std::size_t slot = *registry_.admit(id);
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
@@ -345,6 +387,7 @@ class host_hierarchy {
   /// boundary row, so positions a speculative commit left partially filled are covered by it.
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
     check_source(source);
+    const auto lock = shared_lock();
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
     auto& src = src_[source];
@@ -366,13 +409,50 @@ class host_hierarchy {
     close_round(src.state[slot]);  // the history moved on: a staged block is superseded
     src.state[slot].partial = 0;   // complete rows only: no boundary row is left partially filled
     for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
+      const bool host = writes_host_copy(r);
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - a.first_row)) * d.row_bytes;
-        std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(), in, d.row_bytes);
+        if (host) std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(), in, d.row_bytes);
         if (r >= a.last_row - static_cast<std::int64_t>(cfg_.tail_rows))
           std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
       }
+      if (host && binding_.books) binding_.books->wrote(source, src.books.key(slot), r, binding_.rank);
     }
+  }
+  /// True when this hierarchy writes `row`'s host copy: always with its own stores; on a shared
+  /// store only for the history pages it owns (page mod ranks == rank).
+  [[nodiscard]] bool writes_host_copy(std::int64_t row) const {
+    return binding_.books == nullptr || binding_.books->owner(page_of(row)) == binding_.rank;
+  }
+  /// The shared store's lock for a call that touches its books (an empty lock without one).
+  [[nodiscard]] std::unique_lock<std::mutex> shared_lock() const {
+    return binding_.books ? std::unique_lock<std::mutex>(binding_.books->mutex()) : std::unique_lock<std::mutex>();
+  }
+  /// Shared host store: every selected row a call may read from the host store (outside the tail
+  /// window, in no ready optional page) must have its host copy. A row without one is in no hot
+  /// cache either (hot rows came from the host store), so this refuses exactly the reads that would
+  /// find no copy.
+  void check_host_copies(std::size_t source, std::size_t slot, request_id id, std::span<const row_index> rows,
+                         std::int64_t tail_begin, const char* call) const {
+    if (!binding_.books) return;
+    const auto& books = src_[source].books.slot(slot);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const row_index e = rows[i];
+      if (e == no_row || e >= tail_begin || books.optional_page[page_of(e)] >= 0) continue;
+      if (!binding_.books->has_copy(source, id, e))
+        throw host_copy_pending(std::string(call) + " of request " + std::to_string(id) + " on source " +
+                                std::to_string(source) + " by rank " + std::to_string(binding_.rank) + ": entry " +
+                                std::to_string(i) + " selects row " + std::to_string(e) +
+                                ", outside the rank's tail, whose host copy rank " +
+                                std::to_string(binding_.books->owner(page_of(e))) +
+                                " (its page's owner) has not written yet (ranks append a step's rows before "
+                                "any rank reads them)");
+    }
+  }
+  void check_prefixes_supported(const char* call) const {
+    if (binding_.books)
+      throw invalid_configuration(std::string(call) + ": shared prefixes are not supported on a shared host store "
+                                  "yet (docs/multi-gpu.md)");
   }
 
  public:
@@ -386,22 +466,24 @@ class host_hierarchy {
   void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead) {
     check_source(source);
     const std::size_t slot = registry_.slot(id);
+    const auto lock = shared_lock();
     auto& books = src_[source].books;
-    books.check_reserve(id, source, books.pages_to_reserve(slot, rows_ahead));
+    books.check_reserve(id, source, books.fresh_pages_to_reserve(slot, rows_ahead));
     books.reserve(slot, rows_ahead);
   }
   /// `reserve_rows(id, s, rows_ahead)` for every admitted request and every source, all or nothing:
   /// throws host_pool_exhausted (naming the first source short of pages) with nothing reserved.
   /// What an engine calls outside its step graph every few steps.
   void reserve_ahead(std::size_t rows_ahead) {
+    const auto lock = shared_lock();
     const auto slots = registry_.admitted();
     for (std::size_t s = 0; s < sources; ++s) {
       std::size_t pages = 0;
-      for (const auto& [id, slot] : slots) pages += src_[s].books.pages_to_reserve(slot, rows_ahead);
-      if (pages > src_[s].books.store().free_pages())
+      for (const auto& [id, slot] : slots) pages += src_[s].books.fresh_pages_to_reserve(slot, rows_ahead);
+      if (pages > src_[s].books.free_host_pages())
         throw host_pool_exhausted("reserve_ahead of " + std::to_string(rows_ahead) + " rows needs " +
                                   std::to_string(pages) + " host pages on source " + std::to_string(s) + ", " +
-                                  std::to_string(src_[s].books.store().free_pages()) + " free");
+                                  std::to_string(src_[s].books.free_host_pages()) + " free");
     }
     for (std::size_t s = 0; s < sources; ++s)
       for (const auto& [id, slot] : slots) src_[s].books.reserve(slot, rows_ahead);
@@ -420,6 +502,7 @@ class host_hierarchy {
   /// nothing changes on an error. Items of 0 rows are skipped.
   void append(std::size_t source, std::span<const write_item> batch) {
     check_source(source);
+    const auto lock = shared_lock();
     const auto slots = batch_slots(batch, "append", [&](std::size_t slot, const write_item& item) {
       check_reserved_write("append", item.request, source, slot, item.count, item.rows.size());
     });
@@ -433,6 +516,7 @@ class host_hierarchy {
   /// acceptance_beyond_block, completed rows past the reserved rows: capacity_exceeded).
   void commit(std::size_t source, std::span<const commit_item> batch) {
     check_speculative(source);
+    const auto lock = shared_lock();
     const auto slots = batch_slots(batch, "commit", [&](std::size_t slot, const commit_item& item) {
       check_reserved_commit("commit", item.request, source, slot, item.accepted);
     });
@@ -447,6 +531,7 @@ class host_hierarchy {
   /// byte count: size_mismatch), and on an error nothing changes. The host store is written at
   /// once (the host backend has no backup to join).
   void append_step(std::span<const step_write_item> batch) {
+    const auto lock = shared_lock();
     const auto slots = step_slots(batch, "append_step", [&](std::size_t slot, const step_write_item& item) {
       check_reserved_write("append_step", item.request, item.source, slot, item.count, item.rows.size());
     });
@@ -462,6 +547,7 @@ class host_hierarchy {
   /// completed rows past the reserved rows: capacity_exceeded), and on an error nothing changes.
   void commit_step(std::span<const step_commit_item> batch) {
     if (cfg_.max_block < 2) check_speculative(0);
+    const auto lock = shared_lock();
     const auto slots = step_slots(batch, "commit_step", [&](std::size_t slot, const step_commit_item& item) {
       check_reserved_commit("commit_step", item.request, item.source, slot, item.accepted);
     });
@@ -485,6 +571,7 @@ class host_hierarchy {
   /// batch is validated before any state changes.
   resolve_stats resolve(std::size_t source, std::span<const resolve_item> batch, copy_layers mode = copy_layers::all) {
     check_source(source);
+    const auto lock = shared_lock();
     auto& src = src_[source];
     check_followers_copied(source, "resolved again");
     const auto slots = batch_slots(batch, "resolve", [&](std::size_t slot, const resolve_item& item) {
@@ -493,6 +580,8 @@ class host_hierarchy {
                             " location entries for a selection of " + std::to_string(item.selection.size()));
       detail::validate_selection(item.selection, top_k, src.books.slot(slot).frontier,
                                  static_cast<std::int64_t>(cfg_.max_rows), item.request, source);
+      check_host_copies(source, slot, item.request, item.selection,
+                        src.books.slot(slot).frontier - static_cast<std::int64_t>(cfg_.tail_rows), "resolve");
     });
     src.plan.clear();
     resolve_stats total;
@@ -583,11 +672,15 @@ class host_hierarchy {
   /// docs/speculative.md. The whole batch is validated before any state changes.
   verify_stats verify(std::size_t source, std::span<const verify_item> batch, copy_layers mode = copy_layers::all) {
     check_speculative(source);
+    const auto lock = shared_lock();
     auto& src = src_[source];
     check_followers_copied(source, "verified");
     staging_.check_verify(source);
-    const auto slots = batch_slots(batch, "verify",
-                                   [&](std::size_t slot, const verify_item& item) { validate_round(source, slot, item); });
+    const auto slots = batch_slots(batch, "verify", [&](std::size_t slot, const verify_item& item) {
+      validate_round(source, slot, item);
+      const std::int64_t tail_begin = src.books.slot(slot).frontier - static_cast<std::int64_t>(cfg_.tail_rows);
+      for (const auto q : item.queries) check_host_copies(source, slot, item.request, q, tail_begin, "verify");
+    });
     staging_.acquire(source);
     src.plan.clear();
     verify_stats total;
@@ -614,6 +707,7 @@ class host_hierarchy {
   /// 0 <= accepted <= K_r - 1 of the last verify.
   void commit(request_id id, std::size_t source, std::size_t accepted) {
     check_speculative(source);
+    const auto lock = shared_lock();
     const std::size_t slot = registry_.slot(id);
     check_commit(id, source, slot, accepted);
     const std::int64_t f = src_[source].books.slot(slot).frontier;
@@ -648,10 +742,13 @@ class host_hierarchy {
     const std::int64_t f = src.books.slot(slot).frontier;
     const auto completed = static_cast<std::size_t>(n_next / m - f);  // 0 while the boundary row stays partial
     const auto a = src.books.commit_append(slot, completed);
-    for (std::int64_t r = a.first_row; r < a.last_row; ++r)
+    for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
+      if (!writes_host_copy(r)) continue;  // another rank owns the row's page
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(),
                     pool_row(source, l, space_.tail(slot, r)), d.row_bytes);
+      if (binding_.books) binding_.books->wrote(source, src.books.key(slot), r, binding_.rank);
+    }
     st.partial = static_cast<std::size_t>(n_next % m);
     close_round(st);
   }
@@ -723,9 +820,21 @@ class host_hierarchy {
     return Staging::shared ? blocks_.size() - pool_bytes() - staging_arena_bytes() : 0;
   }
   /// Bytes of the paged host stores of every source (what `requirements().host_store_bytes` announced).
+  /// On a shared host store: 0 (the store holds them).
   [[nodiscard]] std::size_t host_store_bytes() const {
     std::size_t n = 0;
     for (const auto& src : src_) n += src.host_bytes.size();
+    return n;
+  }
+  /// Bytes of host-store pages allocated now, every source: this hierarchy's requests' histories,
+  /// or on a shared host store every rank's (`shared_host_store::host_bytes_in_use`).
+  [[nodiscard]] std::size_t host_bytes_in_use() const {
+    const auto lock = shared_lock();
+    std::size_t n = 0;
+    for (std::size_t s = 0; s < sources; ++s) {
+      const auto& st = src_[s].books.store();
+      n += (st.total_pages() - src_[s].books.free_host_pages()) * st.page_bytes();
+    }
     return n;
   }
 
@@ -740,8 +849,16 @@ class host_hierarchy {
   /// Only complete pages qualify. Returns false (a wait) when no optional page is free.
   bool map_optional_page(request_id id, std::size_t source, std::size_t page) {
     check_source(source);
+    const auto lock = shared_lock();
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
+    if (binding_.books && page < src.books.pages_per_request() &&
+        page < static_cast<std::size_t>(src.books.slot(slot).frontier) / page_rows &&
+        src.books.slot(slot).optional_page[page] < 0 && binding_.books->rows_copied(source, id, page) < page_rows)
+      throw host_copy_pending("map_optional_page of page " + std::to_string(page) + " of request " +
+                              std::to_string(id) + " on source " + std::to_string(source) + " by rank " +
+                              std::to_string(binding_.rank) + ": its owner, rank " +
+                              std::to_string(binding_.books->owner(page)) + ", has not written all its rows yet");
     const auto taken = src.books.take_optional(id, source, slot, page);
     if (!taken) return false;
     const auto [g, fresh] = *taken;
@@ -771,7 +888,8 @@ class host_hierarchy {
   /// Free host-store pages of a source.
   [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
     check_source(source);
-    return src_[source].books.store().free_pages();
+    const auto lock = shared_lock();
+    return src_[source].books.free_host_pages();
   }
 
   /// Bytes attention reads at `loc` of a source's payload layer (the simulated GPU pool).
@@ -790,7 +908,14 @@ class host_hierarchy {
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     check_layer(source, layer);
-    return src_[source].books.host_row(registry_.slot(id), layer, row);
+    const auto lock = shared_lock();
+    const std::size_t slot = registry_.slot(id);
+    const auto bytes = src_[source].books.host_row(slot, layer, row);  // position_beyond_frontier first
+    if (binding_.books && !binding_.books->has_copy(source, id, row))
+      throw host_copy_pending("host_row " + std::to_string(row) + " of request " + std::to_string(id) + " on source " +
+                              std::to_string(source) + ": its owner, rank " +
+                              std::to_string(binding_.books->owner(page_of(row))) + ", has not written it yet");
+    return bytes;
   }
 
   /// Hot-cache contents of a request/source: row held by each slot, -1 when empty.
@@ -954,9 +1079,25 @@ class host_hierarchy {
     }
     return slots;
   }
-  /// The constructors' common part: `adopt` takes the host stores from `host_stores`.
-  host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, bool adopt)
+  /// The shared constructor's configuration: the store's page count.
+  static hierarchy_config shared_config(hierarchy_config cfg, const shared_host_store<Layout>& store) {
+    if (cfg.host_pages != 0 && cfg.host_pages != store.host_pages())
+      throw invalid_configuration("host_pages is " + std::to_string(cfg.host_pages) + ", the shared host store has " +
+                                  std::to_string(store.host_pages()) + " (give 0 or the store's)");
+    cfg.host_pages = store.host_pages();
+    return cfg;
+  }
+  /// The constructors' common part: `adopt` takes the host stores from `host_stores`; `shared`
+  /// (with `rank`) makes the hierarchy a rank of a shared host store.
+  host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, bool adopt,
+                 detail::shared_store_books* shared = nullptr, std::size_t rank = 0)
       : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
+    if (shared) {  // claim the rank first; binding_ gives it back if anything below throws
+      const std::scoped_lock lock(shared->mutex());
+      shared->bind(rank);
+      binding_.books = shared;
+      binding_.rank = rank;
+    }
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
@@ -978,7 +1119,9 @@ class host_hierarchy {
       auto& src = src_[s];
       const std::size_t store_bytes = host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages);
       std::span<std::byte> store;
-      if (adopt) {
+      if (shared) {
+        store = shared->store(s).storage();  // the shared bytes; allocation goes through the shared books
+      } else if (adopt) {
         store = host_stores[s].first(store_bytes);
       } else {
         src.host_bytes.resize(store_bytes);
@@ -986,6 +1129,7 @@ class host_hierarchy {
       }
       src.books = detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                         host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages, store));
+      if (shared) src.books.attach_shared(shared, s, rank);
       if constexpr (Staging::shared) {
         for (std::size_t l = 0; l < d.payload_layers; ++l) src.block_offset.push_back(blocks.pool_offset(s, l));
       } else {
@@ -1255,7 +1399,44 @@ class host_hierarchy {
     return stats;
   }
 
+  /// This hierarchy's rank on a shared host store (null books: it owns its stores). A copy would
+  /// put two hierarchies on one rank, so copying a bound hierarchy throws; moving moves the rank.
+  struct rank_binding {
+    detail::shared_store_books* books = nullptr;
+    std::size_t rank = 0;
+    rank_binding() = default;
+    rank_binding(const rank_binding& o) : rank(o.rank) { refuse_copy(o); }
+    rank_binding(rank_binding&& o) noexcept : books(std::exchange(o.books, nullptr)), rank(o.rank) {}
+    rank_binding& operator=(const rank_binding& o) {
+      refuse_copy(o);
+      if (books) throw invalid_configuration("a hierarchy on a shared host store cannot be assigned to");
+      rank = o.rank;
+      return *this;
+    }
+    rank_binding& operator=(rank_binding&& o) noexcept {
+      if (this != &o) {
+        leave();
+        books = std::exchange(o.books, nullptr);
+        rank = o.rank;
+      }
+      return *this;
+    }
+    ~rank_binding() { leave(); }
+    static void refuse_copy(const rank_binding& o) {
+      if (o.books)
+        throw invalid_configuration("a hierarchy on a shared host store cannot be copied (rank " +
+                                    std::to_string(o.rank) + " would have two)");
+    }
+    void leave() noexcept {  // every page hold and attachment of the rank ends with its hierarchy
+      if (!books) return;
+      const std::scoped_lock lock(books->mutex());
+      books->unbind(rank);
+      books = nullptr;
+    }
+  };
+
   hierarchy_config cfg_;
+  rank_binding binding_;  // before the books that point into its store: its leave() needs none of them
   detail::request_registry registry_;
   location_space space_{};
   std::array<source_data, sources> src_;
