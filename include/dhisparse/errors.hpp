@@ -43,6 +43,8 @@ enum class errc {
   duplicate_prefix,          ///< prefix id is already retained
   prefix_budget_exceeded,    ///< a prefix's pages do not fit hierarchy_config::prefix_pages even with every other prefix evicted
   suffix_misaligned,         ///< a suffix imported on a prefix does not start at the prefix's end
+  // Device affinity (appended, same reason).
+  wrong_device,              ///< a stream of another device than the one the CUDA object was created on
 };
 
 /// Short name of an error category, for messages and logs.
@@ -77,6 +79,7 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::duplicate_prefix: return "duplicate_prefix";
     case errc::prefix_budget_exceeded: return "prefix_budget_exceeded";
     case errc::suffix_misaligned: return "suffix_misaligned";
+    case errc::wrong_device: return "wrong_device";
   }
   return "unknown";
 }
@@ -131,6 +134,7 @@ using unknown_prefix = typed_error<errc::unknown_prefix>;
 using duplicate_prefix = typed_error<errc::duplicate_prefix>;
 using prefix_budget_exceeded = typed_error<errc::prefix_budget_exceeded>;
 using suffix_misaligned = typed_error<errc::suffix_misaligned>;
+using wrong_device = typed_error<errc::wrong_device>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -164,6 +168,7 @@ using suffix_misaligned = typed_error<errc::suffix_misaligned>;
     case errc::duplicate_prefix: throw duplicate_prefix(what);
     case errc::prefix_budget_exceeded: throw prefix_budget_exceeded(what);
     case errc::suffix_misaligned: throw suffix_misaligned(what);
+    case errc::wrong_device: throw wrong_device(what);
   }
   throw error(code, what);
 }
