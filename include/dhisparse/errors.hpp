@@ -45,6 +45,8 @@ enum class errc {
   suffix_misaligned,         ///< a suffix imported on a prefix does not start at the prefix's end
   // Shared host stores (appended, same reason).
   host_copy_pending,         ///< a rank needs a row's host copy from a shared host store before its owner rank wrote it
+  // Device affinity (appended, same reason).
+  wrong_device,              ///< a stream of another device than the one the CUDA object was created on
 };
 
 /// Short name of an error category, for messages and logs.
@@ -80,6 +82,7 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::prefix_budget_exceeded: return "prefix_budget_exceeded";
     case errc::suffix_misaligned: return "suffix_misaligned";
     case errc::host_copy_pending: return "host_copy_pending";
+    case errc::wrong_device: return "wrong_device";
   }
   return "unknown";
 }
@@ -135,6 +138,7 @@ using duplicate_prefix = typed_error<errc::duplicate_prefix>;
 using prefix_budget_exceeded = typed_error<errc::prefix_budget_exceeded>;
 using suffix_misaligned = typed_error<errc::suffix_misaligned>;
 using host_copy_pending = typed_error<errc::host_copy_pending>;
+using wrong_device = typed_error<errc::wrong_device>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -169,6 +173,7 @@ using host_copy_pending = typed_error<errc::host_copy_pending>;
     case errc::prefix_budget_exceeded: throw prefix_budget_exceeded(what);
     case errc::suffix_misaligned: throw suffix_misaligned(what);
     case errc::host_copy_pending: throw host_copy_pending(what);
+    case errc::wrong_device: throw wrong_device(what);
   }
   throw error(code, what);
 }

@@ -42,7 +42,6 @@ struct cuda_hierarchy_ops<Layout, B>::impl {
   using H = cuda::hierarchy<Layout, lru_hot_cache<B>>;
   std::unique_ptr<H> owned;
   H* h = nullptr;
-  int device = 0;
 };
 
 #define DHISPARSE_PY_OPS template <class Layout, std::size_t B> auto cuda_hierarchy_ops<Layout, B>::
@@ -50,7 +49,6 @@ struct cuda_hierarchy_ops<Layout, B>::impl {
 template <class Layout, std::size_t B>
 cuda_hierarchy_ops<Layout, B>::cuda_hierarchy_ops(const hierarchy_config& cfg, stream_handle stream)
     : p_(std::make_unique<impl>()) {
-  DHISPARSE_CUDA_TRY(cudaGetDevice(&p_->device));
   p_->owned = std::make_unique<typename impl::H>(cfg, as_stream(stream));
   p_->h = p_->owned.get();
 }
@@ -59,7 +57,6 @@ cuda_hierarchy_ops<Layout, B>::cuda_hierarchy_ops(std::unique_ptr<impl> p) : p_(
 template <class Layout, std::size_t B>
 cuda_hierarchy_ops<Layout, B> cuda_hierarchy_ops<Layout, B>::view_of(void* hierarchy) {
   auto p = std::make_unique<impl>();
-  DHISPARSE_CUDA_TRY(cudaGetDevice(&p->device));
   p->h = static_cast<typename impl::H*>(hierarchy);
   return cuda_hierarchy_ops(std::move(p));
 }
@@ -72,7 +69,7 @@ cuda_hierarchy_ops<Layout, B>::~cuda_hierarchy_ops() = default;
 
 DHISPARSE_PY_OPS config() const -> const hierarchy_config& { return p_->h->config(); }
 DHISPARSE_PY_OPS space() const -> location_space { return p_->h->space(); }
-DHISPARSE_PY_OPS device() const -> int { return p_->device; }
+DHISPARSE_PY_OPS device() const -> int { return p_->h->device(); }
 DHISPARSE_PY_OPS stream() const -> stream_handle { return reinterpret_cast<stream_handle>(p_->h->stream()); }
 DHISPARSE_PY_OPS contains(request_id id) const -> bool { return p_->h->contains(id); }
 DHISPARSE_PY_OPS slot_of(request_id id) const -> std::size_t { return p_->h->slot_of(id); }

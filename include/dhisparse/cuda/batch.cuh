@@ -16,15 +16,18 @@
 #include "../errors.hpp"
 #include "../types.hpp"
 #include "buffers.cuh"
+#include "detail/device_guard.cuh"
 #include "error.cuh"
 #include "views.cuh"
 
 namespace dhisparse::cuda {
 
 /// Owns the device buffers of one strided `batch_view` (one allocation, zeroed at construction); move-only.
+/// Bound to the device current at construction (`device()`): its calls work from any thread and
+/// take streams of that device (wrong_device otherwise).
 class device_batch {
  public:
-  /// Buffers for up to `capacity` entries of `stride` selection entries each.
+  /// Buffers for up to `capacity` entries of `stride` selection entries each, on the current device.
   device_batch(std::uint32_t capacity, std::uint32_t stride) : capacity_(capacity), stride_(stride) {
     if (capacity == 0 || stride == 0) throw invalid_configuration("device_batch needs capacity and stride >= 1");
     detail::carver c;
@@ -38,6 +41,8 @@ class device_batch {
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // done before uploads on any (non-blocking) stream
   }
 
+  /// The device the buffers live on (-1 once moved from).
+  [[nodiscard]] int device() const noexcept { return bytes_.device(); }
   /// Batch entries the buffers hold.
   [[nodiscard]] std::uint32_t capacity() const { return capacity_; }
   /// Selection entries per batch entry (the strided layout's stride).
@@ -72,6 +77,7 @@ class device_batch {
   /// memory before returning, so the host vectors may change at once.
   void upload(std::span<const std::int32_t> slots, std::span<const row_index> selections,
               std::span<const std::int32_t> lengths, cudaStream_t stream) {
+    const detail::device_guard guard(device(), stream);
     if (slots.size() > capacity_ || selections.size() > static_cast<std::size_t>(capacity_) * stride_ ||
         (!lengths.empty() && lengths.size() != slots.size()))
       throw size_mismatch("device_batch upload of " + std::to_string(slots.size()) + " entries does not fit capacity " +
@@ -92,6 +98,7 @@ class device_batch {
 
   /// Reads `entries * stride` locations back (synchronises `stream`).
   [[nodiscard]] std::vector<location> download_locations(std::uint32_t entries, cudaStream_t stream) const {
+    const detail::device_guard guard(device(), stream);
     return detail::download_sync(locations(), static_cast<std::size_t>(entries) * stride_, stream);
   }
 

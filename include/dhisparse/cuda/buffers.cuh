@@ -1,8 +1,10 @@
 #pragma once
 /// \file
 /// RAII owners of raw CUDA memory: `device_buffer<T>` (cudaMalloc) and `pinned_buffer`
-/// (cudaHostAlloc, mapped and portable, so kernels read it through its device address).
-/// Both are move-only; neither initialises its bytes.
+/// (cudaHostAlloc, mapped and portable, so kernels of every device read it through its device
+/// address). Both are move-only; neither initialises its bytes. A `device_buffer` belongs to the
+/// device that was current when it allocated (`device()`) and frees its memory there, whatever
+/// the current device of the thread that destroys it.
 #include "detail/minimum_arch.cuh"  // first: stops below sm_80 with a clear message
 #include <cuda_runtime.h>
 
@@ -12,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/device_guard.cuh"
 #include "error.cuh"
 
 namespace dhisparse::cuda {
@@ -22,26 +25,33 @@ class device_buffer {
  public:
   /// An empty buffer (no allocation).
   device_buffer() = default;
-  /// Allocates `n` uninitialised elements (none for 0); throws device_error when cudaMalloc fails.
+  /// Allocates `n` uninitialised elements (none for 0) on the current device; throws
+  /// device_error when cudaMalloc fails.
   explicit device_buffer(std::size_t n) : size_(n) {
-    if (n != 0) DHISPARSE_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+    if (n == 0) return;
+    device_ = detail::current_device();
+    DHISPARSE_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
   }
   /// Takes over `o`'s memory, leaving `o` empty.
-  device_buffer(device_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  /// Frees this buffer's memory, then takes over `o`'s, leaving `o` empty.
+  device_buffer(device_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), device_(std::exchange(o.device_, -1)) {}
+  /// Frees this buffer's memory (on its device), then takes over `o`'s, leaving `o` empty.
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      device_ = std::exchange(o.device_, -1);
     }
     return *this;
   }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
-  /// Frees the memory (a failing cudaFree is not reported).
+  /// Frees the memory on its device (a failing cudaFree is not reported).
   ~device_buffer() { reset(); }
 
+  /// Device the memory was allocated on (-1 while the buffer owns none).
+  [[nodiscard]] int device() const noexcept { return device_; }
   /// Device address of the elements (null when empty).
   [[nodiscard]] T* data() const noexcept { return data_; }
   /// Number of elements.
@@ -51,15 +61,22 @@ class device_buffer {
 
  private:
   void reset() noexcept {
-    if (data_ != nullptr) cudaFree(data_);  // cannot throw from a destructor; errors surface on the next call
+    if (data_ != nullptr) {
+      const detail::device_guard on(device_, std::nothrow);
+      cudaFree(data_);  // cannot throw from a destructor; errors surface on the next call
+    }
     data_ = nullptr;
     size_ = 0;
+    device_ = -1;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  int device_ = -1;
 };
 
 /// `bytes` of page-locked host memory, mapped into the device address space (zero-copy reads).
+/// Portable: every device of the process reads it, at the same address under unified addressing
+/// (which the CUDA backend requires), so it belongs to no one device.
 class pinned_buffer {
  public:
   /// An empty buffer (no allocation).
@@ -109,30 +126,37 @@ class pinned_buffer {
 };
 
 namespace detail {
-/// An owned CUDA event (created with `flags`; empty when default-constructed).
+/// An owned CUDA event (created with `flags` on the current device, and destroyed there; empty
+/// when default-constructed).
 class unique_event {
  public:
   unique_event() = default;
-  explicit unique_event(unsigned flags) { DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&event_, flags)); }
+  explicit unique_event(unsigned flags) : device_(current_device()) {
+    DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&event_, flags));
+  }
   unique_event(const unique_event&) = delete;
   unique_event& operator=(const unique_event&) = delete;
-  unique_event(unique_event&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+  unique_event(unique_event&& o) noexcept : event_(std::exchange(o.event_, nullptr)), device_(o.device_) {}
   unique_event& operator=(unique_event&& o) noexcept {
     if (this != &o) {
-      if (event_ != nullptr) cudaEventDestroy(event_);
-      event_ = o.event_;
-      o.event_ = nullptr;
+      destroy();
+      event_ = std::exchange(o.event_, nullptr);
+      device_ = o.device_;
     }
     return *this;
   }
-  ~unique_event() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
+  ~unique_event() { destroy(); }
   [[nodiscard]] cudaEvent_t get() const { return event_; }
   explicit operator bool() const { return event_ != nullptr; }
 
  private:
+  void destroy() noexcept {
+    if (event_ == nullptr) return;
+    const device_guard on(device_, std::nothrow);
+    cudaEventDestroy(event_);
+  }
   cudaEvent_t event_ = nullptr;
+  int device_ = -1;
 };
 
 /// Calls `use(device_bytes)` with a stream-ordered device copy of `bytes` (any host memory:

@@ -52,6 +52,7 @@
 
 #include "../detail/draft_ring_store_base.hpp"
 #include "buffers.cuh"
+#include "detail/device_guard.cuh"
 #include "detail/draft_ring_kernels.cuh"
 #include "draft_ring_step.cuh"
 #include "error.cuh"
@@ -81,11 +82,14 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// R_d: ring rows per request slot (`Ring::rows_per_slot`).
   using base::rows_per_slot;
 
-  /// Allocates the ring and its device books and error books, zeroes them on `stream` and keeps
-  /// `stream` for the host calls made without one (synchronises `stream` before returning, like
-  /// every constructor of the CUDA backend; the step path never does).
+  /// Allocates the ring and its device books and error books on the current device, which the
+  /// store is bound to from then on (`device()`), zeroes them on `stream` and keeps `stream` for
+  /// the host calls made without one (synchronises `stream` before returning, like every
+  /// constructor of the CUDA backend; the step path never does). Throws wrong_device, before
+  /// anything is allocated, when `stream` belongs to another device.
   explicit draft_ring_store(const draft_ring_config& cfg, cudaStream_t stream = nullptr)
       : base(cfg),
+        device_(device_of(stream)),
         bytes_(req_.bytes),
         books_dev_(cfg.slots),
         controls_(2),
@@ -102,6 +106,10 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
+  /// The device the store was created on. Every call makes it current for its CUDA work and
+  /// restores the calling thread's device, so the store works from any thread; streams given to
+  /// calls must belong to it (wrong_device otherwise; the null stream is allowed).
+  [[nodiscard]] int device() const noexcept { return device_; }
   /// Ring bytes actually allocated (equals requirements(cfg).bytes; the device books and error
   /// books add 16 + 64 bytes per slot and 32 bytes).
   [[nodiscard]] std::size_t allocated_bytes() const { return bytes_.bytes(); }
@@ -120,6 +128,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// dropped. At most two 2-D copies (the block may wrap the ring), each covering every layer.
   cudaError_t write(std::size_t slot, std::uint64_t first, const std::byte* rows, std::size_t count,
                     cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_host_call(slot, stream, "write");
     books_.check_write(slot, first, count);
     if (rows == nullptr) throw size_mismatch("draft ring write from a null source");
@@ -143,6 +152,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// committed. The next write starts at position `positions`.
   cudaError_t prefill(std::size_t slot, std::uint64_t positions, const std::byte* rows, std::size_t count,
                       cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_host_call(slot, stream, "prefill");
     books_.check_prefill(slot, positions, count);
     if (rows == nullptr && count > 0) throw size_mismatch("draft ring prefill from a null source");
@@ -156,6 +166,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// Records positions [first, first + count) as written in place by a kernel through ref() (same
   /// rules as write); the new book is enqueued on `stream`. Throws device_error when it cannot be.
   void claim(std::size_t slot, std::uint64_t first, std::size_t count, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_host_call(slot, stream, "claim");
     books_.check_write(slot, first, count);
     books_.note_write(slot, first, count);
@@ -169,6 +180,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// `stream` (one tiny kernel; no copy of rows). acceptance_beyond_block unless all of them are
   /// written. For counts the sampler wrote on the device, use `commit_step`.
   void commit(std::size_t slot, std::size_t accepted, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_host_call(slot, stream, "commit");
     books_.check_commit(slot, accepted);
     books_.note_commit(slot, accepted);
@@ -178,6 +190,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   void commit(std::size_t slot, std::size_t accepted) { commit(slot, accepted, stream_); }
   /// Drops the current block without committing anything (book enqueued on `stream`).
   void rollback(std::size_t slot, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_host_call(slot, stream, "rollback");
     books_.rollback(slot);
     DHISPARSE_CUDA_TRY(publish(slot, stream));
@@ -187,6 +200,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// Frees the slot for a new request (positions restart at 0; bytes left as they are). Allowed
   /// while the slot's host books are stale: it needs no old state, and its slot is current again.
   void reset(std::size_t slot, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_not_captured(stream, "reset");
     books_.reset(slot);
     stale_[slot] = 0;
@@ -212,6 +226,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// for a view without slots or counts, a capacity above the slot count, max_count above K_max,
   /// or a row_stride below row_bytes.
   void write_step(const draft_write_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.counts == nullptr)
       throw size_mismatch("draft_write_view needs device slots and counts");
@@ -236,6 +251,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// Bad entries are left untouched and reported by `check_errors`. No allocation, no
   /// synchronisation; capturable. Makes the host cache of every slot stale (`sync_books`).
   void commit_step(const draft_commit_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.accepted == nullptr)
       throw size_mismatch("draft_commit_view needs device slots and accepted counts");
@@ -251,6 +267,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// acceptance_beyond_block), naming slot and batch entry; the record is cleared. device_error for
   /// CUDA errors. Launches on other streams must be ordered before `stream` first.
   void check_errors(cudaStream_t stream) {
+    const auto guard = on_device(stream);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     static constexpr const char* calls[2] = {"write_step", "commit_step"};
@@ -278,6 +295,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// then). Does not refresh the host cache (`sync_books` does). Throws size_mismatch for more
   /// entries than slots, invalid_configuration when `out` is not device-accessible.
   void copy_books_async(std::span<draft_slot_state> out, cudaStream_t stream) const {
+    const auto guard = on_device(stream);
     if (out.size() > cfg_.slots)
       throw size_mismatch("copy_books_async of " + std::to_string(out.size()) + " slots, the store has " +
                           std::to_string(cfg_.slots));
@@ -289,6 +307,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   /// slots current, so host calls work again after batched ones. Batched launches on other streams
   /// must be ordered before `stream` first. Not capturable (invalid_configuration).
   void sync_books(cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_not_captured(stream, "sync_books");
     after_pushes(stream);
     std::vector<draft_slot_state> got(cfg_.slots);
@@ -308,6 +327,17 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
   }
 
  private:
+  /// The current device, which the store is created on, once `stream` is known to belong to it.
+  static int device_of(cudaStream_t stream) {
+    const int device = detail::current_device();
+    detail::check_stream_device(stream, device);
+    return device;
+  }
+  /// Makes the store's device current for one call (the thread's device comes back when the
+  /// guard goes) and throws wrong_device for a stream of another device.
+  [[nodiscard]] detail::device_guard on_device(cudaStream_t stream) const {
+    return {device_, stream == stream_ ? cudaStream_t{} : stream};
+  }
   void check_host_call(std::size_t slot, cudaStream_t stream, const char* call) const {
     this->check_known(slot);
     check_not_captured(stream, call);
@@ -415,6 +445,7 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
     }
     return cudaSuccess;
   }
+  int device_ = -1;                                ///< the device the store was created on
   device_buffer<std::byte> bytes_;
   device_buffer<draft_slot_state> books_dev_;      ///< [slots] the true books
   device_buffer<detail::write_control> controls_;  ///< [2] error books of write_step, commit_step

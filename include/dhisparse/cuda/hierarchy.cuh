@@ -10,6 +10,14 @@
 /// (one stream, or events): the host keeps bookkeeping (registry, page tables, free lists) in
 /// call order and the device state follows in stream order.
 ///
+/// Devices and threads: a hierarchy is bound to the device that was current when it was created
+/// (`device()`). Every call makes that device current for its CUDA work and restores the calling
+/// thread's device before it returns, so a hierarchy can be used from any thread whatever that
+/// thread's current device (one thread at a time: nothing locks). A stream given to a call must
+/// belong to the hierarchy's device, or the call throws wrong_device with nothing changed (checked
+/// with CUDA 12.8 and newer, and not on a stream being captured); the null stream is allowed and
+/// means the hierarchy's device's.
+///
 /// Errors: host-detectable errors (unknown request id, duplicate in batch, selection longer than
 /// top_k, pending follower copies, capacity) throw at the call with nothing changed or queued.
 /// Errors only visible on the device (selection entries out of range or beyond the frontier;
@@ -66,6 +74,7 @@
 #include "verify_batch.cuh"
 #include "buffers.cuh"
 #include "detail/copy_kernel.cuh"
+#include "detail/device_guard.cuh"
 #include "detail/prefix_kernel.cuh"
 #include "detail/residency_kernels.cuh"
 #include "detail/resolve_kernel.cuh"
@@ -187,28 +196,32 @@ class hierarchy {
   /// Alignment an adopted host store needs (the copy kernels move rows in 16-byte vectors).
   static constexpr std::size_t host_store_alignment = 16;
 
-  /// Allocates and initialises everything, the host stores included (pinned with cudaHostAlloc).
-  /// Synchronises `stream` before returning.
+  /// Allocates and initialises everything on the calling thread's current device, which the
+  /// hierarchy is bound to from then on (`device()`), the host stores included (pinned with
+  /// cudaHostAlloc, mapped and portable). Synchronises `stream` before returning. Throws
+  /// wrong_device, before anything is allocated, when `stream` belongs to another device.
   explicit hierarchy(const hierarchy_config& cfg, cudaStream_t stream = nullptr)
       : hierarchy(cfg, stream, adopted_stores{}) {}
 
   /// As above, but the host stores are caller memory: `host_stores[s]` (one span per source, at
   /// least `host_store_bytes(cfg, s)` bytes, `host_store_alignment`-aligned) must be page-locked
-  /// and mapped for this device (cudaHostAlloc with cudaHostAllocMapped, or cudaHostRegister with
-  /// cudaHostRegisterMapped; portable memory when several devices use it) and outlive the
-  /// hierarchy. Nothing is allocated or copied for them, so a large store costs no construction
-  /// time. Layout (host_store.hpp): page g of source s occupies bytes [g * P, (g + 1) * P) of
-  /// `host_stores[s]`, P = page_rows * payload_layers * row_bytes, and row r of payload layer l of a
-  /// request lives in the host page g its history page r / page_rows was given, at
-  /// g * P + (l * page_rows + r % page_rows) * row_bytes. Pages are given as histories grow
-  /// (append, commit, imports; a fresh store gives the lowest first) and return at `complete`;
-  /// `host_row(id, s, l, r).data()` is that address, so g = (host_row(id, s, 0, r).data() -
-  /// host_stores[s].data()) / P. The bytes are not interpreted at construction: every store
-  /// starts empty (no history, every page free) and rows enter through the history calls, which
-  /// write them there; bytes a caller later writes in place over a stored row are what a miss on
-  /// it copies to the GPU (zero-copy reads). Bytes past the pages are left alone. Throws
+  /// and mapped for this device, the current one (cudaHostAlloc with cudaHostAllocMapped, or
+  /// cudaHostRegister with cudaHostRegisterMapped; add cudaHostAllocPortable /
+  /// cudaHostRegisterPortable when the memory was pinned on another device or hierarchies of
+  /// several devices read it) and outlive the hierarchy. Nothing is allocated or copied for them,
+  /// so a large store costs no construction time. Layout (host_store.hpp): page g of source s
+  /// occupies bytes [g * P, (g + 1) * P) of `host_stores[s]`, P = page_rows * payload_layers *
+  /// row_bytes, and row r of payload layer l of a request lives in the host page g its history page
+  /// r / page_rows was given, at g * P + (l * page_rows + r % page_rows) * row_bytes. Pages are
+  /// given as histories grow (append, commit, imports; a fresh store gives the lowest first) and
+  /// return at `complete`; `host_row(id, s, l, r).data()` is that address, so g = (host_row(id, s,
+  /// 0, r).data() - host_stores[s].data()) / P. The bytes are not interpreted at construction:
+  /// every store starts empty (no history, every page free) and rows enter through the history
+  /// calls, which write them there; bytes a caller later writes in place over a stored row are what
+  /// a miss on it copies to the GPU (zero-copy reads). Bytes past the pages are left alone. Throws
   /// size_mismatch (wrong span count, a span too small) or invalid_configuration (misaligned, not
-  /// pinned, or not mapped for this device) before anything is allocated.
+  /// pinned, or not mapped for this device) or wrong_device (`stream`) before anything is
+  /// allocated.
   hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, cudaStream_t stream)
       : hierarchy(cfg, stream, checked_host_stores(normalised(cfg), host_stores)) {}
 
@@ -220,7 +233,11 @@ class hierarchy {
   /// its own stream may already be destroyed), and cudaFree of its device memory synchronises the
   /// device anyway (CUDA Programming Guide, stream-ordered memory allocator). Adopted host stores
   /// are not freed: they stay the caller's, and must outlive the work that used this hierarchy.
-  ~hierarchy() { cudaDeviceSynchronize(); }
+  /// Waits for and frees on the hierarchy's device, from any thread.
+  ~hierarchy() {
+    const detail::device_guard on(device_, std::nothrow);
+    cudaDeviceSynchronize();
+  }
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
@@ -242,6 +259,11 @@ class hierarchy {
   [[nodiscard]] std::size_t admitted_count() const { return registry_.size(); }
   /// The stream used by calls that take none.
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  /// The device the hierarchy was created on (the current device of the constructing thread). It
+  /// is made current for every call that needs it, from any thread, and the calling thread's own
+  /// device is restored when the call returns; streams given to calls must belong to it
+  /// (wrong_device otherwise; the null stream is allowed and means this device's).
+  [[nodiscard]] int device() const noexcept { return device_; }
   /// CTAs of the persistent resolver grid (SMs x resident CTAs per SM), fixed at construction.
   [[nodiscard]] int resolver_grid() const { return grid_; }
   /// Dynamic shared memory of one resolver CTA.
@@ -292,6 +314,7 @@ class hierarchy {
   admission admit(request_id id) { return admit(id, stream_); }
   /// As above, marking the slot live on `stream`.
   admission admit(request_id id, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     auto slot = registry_.admit(id);
     if (!slot) return {};
     id_of_slot_[*slot] = id;
@@ -304,6 +327,7 @@ class hierarchy {
   void complete(request_id id) { complete(id, stream_); }
   /// As above, with the device state reset on `stream`.
   void complete(request_id id, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     absorb(stream);  // nothing of the slot may still be in flight when its mirror is cleared
     const std::size_t slot = registry_.slot(id);
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
@@ -349,6 +373,7 @@ class hierarchy {
   /// and the newest T into the tail, then publishes the frontier. Not capturable (host pages are
   /// allocated here).
   void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
@@ -362,6 +387,7 @@ class hierarchy {
   /// stages them through a stream-ordered device allocation.
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
               cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
@@ -390,6 +416,7 @@ class hierarchy {
   /// rows [0, min(max_rows, frontier + rows_ahead)); the new page-table entries are uploaded on
   /// `stream`. All or nothing: throws host_pool_exhausted with nothing reserved. Not capturable.
   void reserve_rows(request_id id, std::size_t source, std::size_t rows_ahead, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     check_not_captured(stream, "reserve_rows");
     absorb(stream);
@@ -418,6 +445,7 @@ class hierarchy {
   /// of every source travel in one upload and one launch on `stream`. Not capturable: the engine
   /// calls it between graph replays, every few steps.
   void reserve_ahead(std::size_t rows_ahead, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_not_captured(stream, "reserve_ahead");
     absorb(stream);
     const auto admitted = registry_.admitted();
@@ -477,6 +505,7 @@ class hierarchy {
   /// `check_errors`. Rows must lie within the request's reservation (`reserve_rows`). On a
   /// speculative hierarchy a written entry supersedes its staged block, as the per-request append.
   void append(std::size_t source, const kv_write_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.rows == nullptr || batch.layer_rows == nullptr)
@@ -486,7 +515,7 @@ class hierarchy {
     if (batch.row_stride != 0 && (batch.row_stride < rb || batch.row_stride % 16 != 0))
       throw size_mismatch("kv_write_view row_stride " + std::to_string(batch.row_stride) +
                           " must be 0 or a multiple of 16 of at least the row's " + std::to_string(rb) + " bytes");
-    join_backup(stream);  // a later write joins the backup of the last one (its ring rows may be overwritten)
+    join_backup_impl(stream);  // a later write joins the backup of the last one (its ring rows may be overwritten)
     const detail::write_args a{batch.slots,      batch.rows, batch.first,    batch.layer_rows, batch.row_stride,
                                0u,               batch.max_rows, batch.capacity, false};
     DHISPARSE_CUDA_TRY(detail::launch_step_write(step_table_, static_cast<unsigned>(source), 1u, a, true,
@@ -512,6 +541,8 @@ class hierarchy {
   /// capture must `join_backup` before it ends (CUDA refuses to end a capture with a forked
   /// stream unjoined). `backup` must not be the legacy default stream when `stream` is captured.
   void append_step(const kv_step_write_view& batch, cudaStream_t backup, cudaStream_t stream) {
+    const auto guard = on_device(stream);
+    check_stream(backup);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.rows == nullptr || batch.layer_rows == nullptr)
       throw size_mismatch("kv_step_write_view needs device slots, rows and layer_rows");
@@ -524,7 +555,7 @@ class hierarchy {
     if (batch.rows_pitch != 0 && batch.rows_pitch < batch.capacity)
       throw size_mismatch("kv_step_write_view rows_pitch " + std::to_string(batch.rows_pitch) +
                           " must be 0 or at least the capacity " + std::to_string(batch.capacity));
-    join_backup(stream);
+    join_backup_impl(stream);
     const bool inline_host = backup == stream;
     unsigned warps = 1;
     for (std::size_t s = 0; s < sources; ++s) warps = std::max(warps, detail::write_warps(batch.max_rows, vectors_of(s)));
@@ -545,26 +576,8 @@ class hierarchy {
   /// event (at each replay, for its latest record) and leaves it pending for eager work. Throws
   /// invalid_configuration when the backup was forked into another capture that is still open.
   void join_backup(cudaStream_t stream) {
-    if (!backup_.pending) return;
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    unsigned long long id = 0;
-    DHISPARSE_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
-    const bool cap = status == cudaStreamCaptureStatusActive;
-    if (!backup_.captured) {  // eager backup: real work in flight
-      DHISPARSE_CUDA_TRY(
-          cudaStreamWaitEvent(stream, backup_done_.get(), cap ? cudaEventWaitExternal : cudaEventWaitDefault));
-      if (!cap) backup_.pending = false;
-      return;
-    }
-    if (cap && id == backup_.capture_id) {
-      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, backup_done_.get(), cudaEventWaitDefault));
-      backup_.pending = false;
-      return;
-    }
-    if (capturing(backup_.stream))
-      throw invalid_configuration("join_backup: the host backup was forked into a stream capture that is still open; "
-                                  "join it on a stream of that capture before the capture ends");
-    backup_.pending = false;  // that capture ended (joined there, or it failed): nothing of it is in flight
+    const auto guard = on_device(stream);
+    join_backup_impl(stream);
   }
   /// True while a step-wide write or commit has a host backup that no stream has joined yet.
   [[nodiscard]] bool backup_pending() const { return backup_.pending; }
@@ -575,39 +588,8 @@ class hierarchy {
   /// that depend on the books call it themselves on their stream; an engine calls it before it
   /// reads the books between replays. Not capturable.
   void sync_books(cudaStream_t stream) {
-    check_not_captured(stream, "sync_books");
-    join_backup(stream);  // the books then describe host copies that exist
-    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
-    const auto admitted = registry_.admitted();
-    for (std::size_t s = 0; s < sources; ++s) {
-      auto& src = src_[s];
-      if (!src.device_writes) continue;
-      const auto* f = reinterpret_cast<const volatile std::int64_t*>(src.mirror.span().data());
-      const auto* p = reinterpret_cast<const volatile std::int32_t*>(src.mirror.span().data() + mirror_partial_offset());
-      for (const auto& [id, slot] : admitted) {
-        const std::int64_t rows = f[slot];
-        const auto part = static_cast<std::size_t>(p[slot]);
-        const bool moved = rows != src.books.slot(slot).frontier || (speculative() && part != src.partial[slot]);
-        if (!moved) continue;
-        src.books.absorb_frontier(id, s, slot, rows);
-        if (speculative()) {  // the batched append or commit closed the round
-          src.partial[slot] = part;
-          src.staged[slot] = 0;
-          src.verified[slot] = 0;
-        }
-      }
-      if (src.device_stages) {
-        // Batched stages leave the frontier alone, so the mirror cannot show them: the device
-        // round books are read instead (the stream is idle: a plain copy). K_r stays with the
-        // device too (device_rounds), so a stale host `verified` can never pass a commit.
-        const auto staged = read_on(stream, src.vws.staged, cfg_.max_requests);
-        for (const auto& [id, slot] : admitted) {
-          const auto b = static_cast<std::size_t>(staged[slot]);
-          if (b != src.staged[slot]) src.verified[slot] = 0;
-          src.staged[slot] = b;
-        }
-      }
-    }
+    const auto guard = on_device(stream);
+    sync_books_impl(stream);
   }
   /// As above, on the hierarchy's stream.
   void sync_books() { sync_books(stream_); }
@@ -622,9 +604,10 @@ class hierarchy {
   /// As above, on `stream`; `mode` selects the payload layers copied.
   void resolve(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     check_source(source);
     check_not_capturing(stream, "resolve", "resolve(source, batch_view, stream)");
-    join_backup(stream);  // eager path: misses fetch from the host store (a captured resolve reads the window on the GPU)
+    join_backup_impl(stream);  // eager path: misses fetch from the host store (a captured resolve reads the window on the GPU)
     auto& src = src_[source];
     check_followers_copied(source, "resolved again");
     if (++stamp_epoch_ == 0) {
@@ -672,6 +655,7 @@ class hierarchy {
   /// launch shape, so it can be captured in a CUDA graph and replayed with other batch contents
   /// and counts. Slots, lengths and duplicates are validated on the device.
   void resolve(std::size_t source, const batch_view& batch, cudaStream_t stream, copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     check_source(source);
     check_followers_copied(source, "resolved again");
     if (batch.count == nullptr || batch.slots == nullptr)
@@ -690,6 +674,7 @@ class hierarchy {
   /// and the hierarchy's stream, not the device).
   resolve_stats resolve_sync(std::size_t source, std::span<const batch_item> batch, cudaStream_t stream,
                              copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     resolve(source, batch, stream, mode);
     check_errors(stream);
     resolve_stats total;
@@ -700,6 +685,7 @@ class hierarchy {
   /// Replays the last resolve's host copies of `source` into follower payload `layer` (layer-wise
   /// prefetch, after a `copy_layers::producer_only` resolve). Capturable.
   void copy_follower(std::size_t source, std::size_t layer, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     auto& src = src_[source];
     if (layer == 0 || layer >= src.layer_pending.size())
@@ -732,6 +718,7 @@ class hierarchy {
   /// pending_follower_copies before its followers replayed the plan. With `dedicated_staging` it
   /// only checks `source`. Capturable.
   void release_staging(std::size_t source, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     if constexpr (Staging::shared) {
       staging_.check_release(source);
@@ -765,6 +752,7 @@ class hierarchy {
   /// next. Verify errors mark their rounds unverified. Also throws device_error for CUDA errors
   /// (then records may remain). Synchronises `stream` only (it reads and clears on `stream`).
   void check_errors(cudaStream_t stream) {
+    const auto guard = on_device(stream);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     DHISPARSE_CUDA_TRY(cudaGetLastError());
     std::optional<errc> first;
@@ -811,6 +799,7 @@ class hierarchy {
   /// replay copies the stats of the replayed launch). Throws size_mismatch for more than
   /// max_requests entries, invalid_configuration when `out` is not device-accessible.
   void copy_stats_async(std::size_t source, std::span<entry_stats> out, cudaStream_t stream) const {
+    const auto guard = on_device(stream);
     check_source(source);
     entry_stats* const to = readback_target(out.data(), out.size(), "copy_stats_async");
     DHISPARSE_CUDA_TRY(detail::launch_snapshot_stats(src_[source].ws.control, src_[source].ws.stats, to,
@@ -819,6 +808,7 @@ class hierarchy {
   /// The verify twin of `copy_stats_async`: stats of the last verify of `source` (max_block >= 2).
   /// Convert entries with `to_verify_stats`. Same contract: no synchronisation, capturable.
   void copy_verify_stats_async(std::size_t source, std::span<verify_entry_stats> out, cudaStream_t stream) const {
+    const auto guard = on_device(stream);
     check_speculative(source);
     verify_entry_stats* const to = readback_target(out.data(), out.size(), "copy_verify_stats_async");
     DHISPARSE_CUDA_TRY(detail::launch_snapshot_stats(src_[source].vws.control, src_[source].vws.stats, to,
@@ -832,6 +822,7 @@ class hierarchy {
   /// takes the state of its own launches). Resolve errors only: verify errors change the host
   /// books (the failed round is marked unverified) and stay with `check_errors`.
   void copy_errors_async(std::size_t source, error_record* out, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     if (out == nullptr) throw size_mismatch("copy_errors_async needs a record to write");
     error_record* const to = readback_target(out, 1, "copy_errors_async");
@@ -870,6 +861,7 @@ class hierarchy {
 
   /// Per-entry stats of the last resolve launch of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<resolve_stats> last_stats(std::size_t source) const {
+    const auto guard = on_device();
     check_source(source);
     const auto& src = src_[source];
     const control_block cb = read_control(source);
@@ -881,6 +873,7 @@ class hierarchy {
   }
   /// Per-entry status of the last resolve launch of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<entry_error> last_errors(std::size_t source) const {
+    const auto guard = on_device();
     check_source(source);
     const control_block cb = read_control(source);
     return read_on(stream_, src_[source].ws.errors, cb.last_count);
@@ -888,6 +881,7 @@ class hierarchy {
   /// Host copies made by the last resolve of a source, in batch order then ascending row (the
   /// host backend's `last_plan`; synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<planned_copy> last_plan(std::size_t source) const {
+    const auto guard = on_device();
     check_source(source);
     const auto& src = src_[source];
     const control_block cb = read_control(source);
@@ -915,6 +909,7 @@ class hierarchy {
   /// A page whose host page another request maps (shared prefixes) is published at once on that
   /// request's pool page, with no copy: its first mapping must be ordered before `stream`.
   bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
@@ -948,6 +943,7 @@ class hierarchy {
 
   /// Retires an optional page (its rows keep their host copy); the pool page becomes free.
   void unmap_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
@@ -974,6 +970,7 @@ class hierarchy {
   /// Throws position_beyond_frontier for an incomplete page, position_out_of_range for a page
   /// outside the request, and invalid_configuration when the page already holds one (state unchanged).
   std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page, bool* shared = nullptr) {
+    const auto guard = on_device();
     check_source(source);
     absorb(stream_);
     const std::size_t slot = registry_.slot(id);
@@ -1022,6 +1019,7 @@ class hierarchy {
   std::vector<std::pair<std::size_t, std::int32_t>> import_rows(request_id id, std::size_t source, const std::byte* rows,
                                                                 std::size_t count, std::size_t device_pages,
                                                                 cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_source(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
@@ -1087,11 +1085,13 @@ class hierarchy {
   /// `prefix` (`host_hierarchy::retain_prefix`): host books only, nothing is enqueued. Rows written
   /// by batched writes are absorbed first (a stream sync when there are any). Returns the evicted prefixes.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    const auto guard = on_device();
     absorb(stream_);
     return prefixes_.retain_rows(prefix, id, registry_.slot(id), rows, books_of_source());
   }
   /// Retains a request's whole stored history on every source.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    const auto guard = on_device();
     absorb(stream_);
     return prefixes_.retain_stored(prefix, id, registry_.slot(id), books_of_source());
   }
@@ -1104,6 +1104,7 @@ class hierarchy {
   /// admitted, nothing changed) when no slot or no host page for a boundary copy is free. Throws
   /// duplicate_admission, unknown_prefix.
   admission admit(request_id id, prefix_id prefix, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     absorb(stream);
     if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
     const auto& e = prefixes_.find(prefix);
@@ -1190,6 +1191,7 @@ class hierarchy {
   /// packed sources: the boundary row first), into the tail ring only (not the host store; the
   /// frontier stays). Replaces a previous block.
   void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     check_device_accessible(rows, "stage_block");
@@ -1199,6 +1201,7 @@ class hierarchy {
   /// device allocation.
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
                    cudaStream_t stream) {
+    const auto guard = on_device(stream);
     absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     const auto& d = Layout::sources[source];
@@ -1231,6 +1234,7 @@ class hierarchy {
   /// neither the frontier nor the host store nor the staging arenas, so it needs no reservation,
   /// no backup join and no `release_staging`; a verify still needs the arenas free as usual.
   void stage_blocks(std::size_t source, const stage_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_speculative(source);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.counts == nullptr || batch.layer_rows == nullptr)
@@ -1252,6 +1256,7 @@ class hierarchy {
   /// entry)), from the step-wide row buffers of `stage_step_view` (kv_write.cuh): the per-source
   /// `stage_blocks` made per (source, entry), with the same checks, errors and books. Capturable.
   void stage_step(const stage_step_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_speculative(0);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.counts == nullptr || batch.layer_rows == nullptr)
@@ -1281,6 +1286,7 @@ class hierarchy {
   /// `verify_batch_view` overload instead.
   void verify(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
               copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     check_speculative(source);
     check_not_capturing(stream, "verify", "verify(source, verify_batch_view, stream)");
     absorb(stream);
@@ -1356,6 +1362,7 @@ class hierarchy {
   /// (a 4-byte read that synchronises the commit's stream).
   void verify(std::size_t source, const verify_batch_view& batch, cudaStream_t stream,
               copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     check_speculative(source);
     auto& src = src_[source];
     check_followers_copied(source, "verified");
@@ -1387,6 +1394,7 @@ class hierarchy {
   /// and the hierarchy's stream, not the device).
   verify_stats verify_sync(std::size_t source, std::span<const verify_batch_item> batch, cudaStream_t stream,
                            copy_layers mode = copy_layers::all) {
+    const auto guard = on_device(stream);
     verify(source, batch, stream, mode);
     check_errors(stream);
     verify_stats total;
@@ -1401,6 +1409,7 @@ class hierarchy {
   /// order; a partially filled boundary row stays in the tail; the rest of the block is discarded.
   /// 0 <= accepted <= K_r - 1 of the last verify. Not capturable (host pages are allocated here).
   void commit(request_id id, std::size_t source, std::size_t accepted, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_speculative(source);
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
@@ -1445,12 +1454,13 @@ class hierarchy {
   /// the frontier and partial boundary row. The semantics of the per-request `commit`;
   /// capturable. Rows must lie within the reservation (`reserve_rows`).
   void commit(std::size_t source, const commit_view& batch, cudaStream_t stream) {
+    const auto guard = on_device(stream);
     check_speculative(source);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.accepted == nullptr)
       throw size_mismatch("commit_view needs device slots and accepted counts");
     check_view_capacity(batch.capacity, "commit_view");
-    join_backup(stream);
+    join_backup_impl(stream);
     DHISPARSE_CUDA_TRY(detail::launch_step_commit(step_table_, static_cast<unsigned>(source), 1u, batch, true,
                                                   detail::write_warps(cfg_.max_block, vectors_of(source)), stream));
     src_[source].device_writes = true;
@@ -1464,12 +1474,14 @@ class hierarchy {
   /// window by the critical launch), joined by `join_backup`; `backup == stream`: inline.
   /// Capturable; the same capture rules as `append_step`.
   void commit_step(const commit_step_view& batch, cudaStream_t backup, cudaStream_t stream) {
+    const auto guard = on_device(stream);
+    check_stream(backup);
     check_speculative(0);
     if (batch.capacity == 0) return;
     if (batch.slots == nullptr || batch.accepted == nullptr)
       throw size_mismatch("commit_step_view needs device slots and accepted counts");
     check_view_capacity(batch.capacity, "commit_step_view");
-    join_backup(stream);
+    join_backup_impl(stream);
     const bool inline_host = backup == stream;
     unsigned warps = 1;
     for (std::size_t s = 0; s < sources; ++s) warps = std::max(warps, detail::write_warps(cfg_.max_block, vectors_of(s)));
@@ -1503,6 +1515,7 @@ class hierarchy {
   /// K_r of the last verify since staging (0: none); after a `verify_batch_view` verify, read from the
   /// device (then it synchronises the hierarchy's stream; otherwise host books, no CUDA call).
   [[nodiscard]] std::size_t verified_queries(request_id id, std::size_t source) const {
+    const auto guard = on_device();
     check_source(source);
     if (!speculative()) return 0;
     const std::size_t slot = registry_.slot(id);
@@ -1512,6 +1525,7 @@ class hierarchy {
 
   /// Per-entry stats of the last verify of a source (synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<verify_stats> last_verify_stats(std::size_t source) const {
+    const auto guard = on_device();
     check_speculative(source);
     const auto& src = src_[source];
     const control_block cb = read_verify_control(source);
@@ -1524,6 +1538,7 @@ class hierarchy {
   /// Host copies made by the last verify of a source, in batch order then ascending row (the host
   /// backend's `last_plan` after a verify; synchronises the hierarchy's stream).
   [[nodiscard]] std::vector<planned_copy> last_verify_plan(std::size_t source) const {
+    const auto guard = on_device();
     check_speculative(source);
     const auto& src = src_[source];
     const control_block cb = read_verify_control(source);
@@ -1572,6 +1587,7 @@ class hierarchy {
 
   /// Bytes at `loc` of a payload layer (synchronises the hierarchy's stream; for tests and debugging).
   [[nodiscard]] std::vector<std::byte> payload_row(std::size_t source, std::size_t layer, location loc) const {
+    const auto guard = on_device();
     check_layer(source, layer);
     const std::size_t rb = Layout::sources[source].row_bytes;
     const location_space& sp = src_[source].view.space;
@@ -1583,6 +1599,7 @@ class hierarchy {
   /// Copies a whole payload layer's pool (pool_rows() * row_bytes bytes; synchronises the
   /// hierarchy's stream).
   void copy_pool(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
+    const auto guard = on_device();
     check_layer(source, layer);
     const std::size_t bytes = pool_rows() * Layout::sources[source].row_bytes;
     if (out.size() != bytes) throw size_mismatch("copy_pool needs " + std::to_string(bytes) + " bytes");
@@ -1593,6 +1610,7 @@ class hierarchy {
   /// (slots * staging_rows rows; synchronises the hierarchy's stream). With shared arenas only
   /// while `source` holds them.
   void copy_staging(std::size_t source, std::size_t layer, std::span<std::byte> out) const {
+    const auto guard = on_device();
     check_layer(source, layer);
     staging_.check_read(source);
     const std::size_t bytes = space_.slots * space_.staging_rows * Layout::sources[source].row_bytes;
@@ -1605,6 +1623,7 @@ class hierarchy {
   /// After batched writes the row must lie below the device frontier (read back, synchronising).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
+    const auto guard = on_device();
     check_layer(source, layer);
     const std::size_t slot = registry_.slot(id);
     const auto& books = src_[source].books;
@@ -1730,12 +1749,14 @@ class hierarchy {
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
     pages_per_request_ = pages_for(static_cast<std::int64_t>(cfg_.max_rows));
 
-    int device = 0, can_map = 0, unified = 0;
-    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device));
+    // Bound to the constructing thread's current device: everything below is created there.
+    device_ = detail::current_device();
+    detail::check_stream_device(stream_, device_);  // before anything is allocated
+    int can_map = 0, unified = 0;
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device_));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device_));
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable_access_, cudaDevAttrPageableMemoryAccess, device_));
     if (!can_map || !unified)
       throw invalid_configuration("the CUDA backend needs a device that maps pinned host memory with unified addressing");
     const cudaError_t prep = detail::prepare_fused_resolve<resolve_traits, order_index>(grid_, cfg_.max_requests,
@@ -2268,10 +2289,69 @@ class hierarchy {
     DHISPARSE_CUDA_TRY(cudaEventSynchronize(backup_done_.get()));
     backup_.pending = false;
   }
+  /// `join_backup` on the hierarchy's device (callers hold the guard).
+  void join_backup_impl(cudaStream_t stream) {
+    if (!backup_.pending) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    DHISPARSE_CUDA_TRY(cudaStreamGetCaptureInfo(stream, &status, &id));
+    const bool cap = status == cudaStreamCaptureStatusActive;
+    if (!backup_.captured) {  // eager backup: real work in flight
+      DHISPARSE_CUDA_TRY(
+          cudaStreamWaitEvent(stream, backup_done_.get(), cap ? cudaEventWaitExternal : cudaEventWaitDefault));
+      if (!cap) backup_.pending = false;
+      return;
+    }
+    if (cap && id == backup_.capture_id) {
+      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, backup_done_.get(), cudaEventWaitDefault));
+      backup_.pending = false;
+      return;
+    }
+    if (capturing(backup_.stream))
+      throw invalid_configuration("join_backup: the host backup was forked into a stream capture that is still open; "
+                                  "join it on a stream of that capture before the capture ends");
+    backup_.pending = false;  // that capture ended (joined there, or it failed): nothing of it is in flight
+  }
+  /// `sync_books` on the hierarchy's device (callers hold the guard).
+  void sync_books_impl(cudaStream_t stream) {
+    check_not_captured(stream, "sync_books");
+    join_backup_impl(stream);  // the books then describe host copies that exist
+    DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
+    const auto admitted = registry_.admitted();
+    for (std::size_t s = 0; s < sources; ++s) {
+      auto& src = src_[s];
+      if (!src.device_writes) continue;
+      const auto* f = reinterpret_cast<const volatile std::int64_t*>(src.mirror.span().data());
+      const auto* p = reinterpret_cast<const volatile std::int32_t*>(src.mirror.span().data() + mirror_partial_offset());
+      for (const auto& [id, slot] : admitted) {
+        const std::int64_t rows = f[slot];
+        const auto part = static_cast<std::size_t>(p[slot]);
+        const bool moved = rows != src.books.slot(slot).frontier || (speculative() && part != src.partial[slot]);
+        if (!moved) continue;
+        src.books.absorb_frontier(id, s, slot, rows);
+        if (speculative()) {  // the batched append or commit closed the round
+          src.partial[slot] = part;
+          src.staged[slot] = 0;
+          src.verified[slot] = 0;
+        }
+      }
+      if (src.device_stages) {
+        // Batched stages leave the frontier alone, so the mirror cannot show them: the device
+        // round books are read instead (the stream is idle: a plain copy). K_r stays with the
+        // device too (device_rounds), so a stale host `verified` can never pass a commit.
+        const auto staged = read_on(stream, src.vws.staged, cfg_.max_requests);
+        for (const auto& [id, slot] : admitted) {
+          const auto b = static_cast<std::size_t>(staged[slot]);
+          if (b != src.staged[slot]) src.verified[slot] = 0;
+          src.staged[slot] = b;
+        }
+      }
+    }
+  }
   /// Absorbs what the device did when batched launches ran (sync_books); nothing otherwise.
   void absorb(cudaStream_t stream) {
-    join_backup(stream);  // what follows may read or free host rows that are still being backed up
-    if (device_writes_) sync_books(stream);
+    join_backup_impl(stream);  // what follows may read or free host rows that are still being backed up
+    if (device_writes_) sync_books_impl(stream);
   }
   /// The host books of a slot changed on the host: its mirror follows (nothing of it is in flight:
   /// eager calls absorbed first).
@@ -2358,6 +2438,18 @@ class hierarchy {
   auto books_of_source() {
     return [this](std::size_t s) -> dhisparse::detail::history_books& { return src_[s].books; };
   }
+  /// Makes the hierarchy's device current for one call; the thread's device comes back when the
+  /// guard goes (also on a throw).
+  [[nodiscard]] detail::device_guard on_device() const { return detail::device_guard(device_); }
+  /// As above, and throws wrong_device for a caller stream of another device (the constructor's
+  /// stream was checked once).
+  [[nodiscard]] detail::device_guard on_device(cudaStream_t stream) const {
+    return {device_, stream == stream_ ? cudaStream_t{} : stream};
+  }
+  /// Throws wrong_device for a second caller stream of another device (a backup stream).
+  void check_stream(cudaStream_t stream) const {
+    if (stream != stream_) detail::check_stream_device(stream, device_);
+  }
   static void check_source(std::size_t source) {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
@@ -2423,8 +2515,11 @@ class hierarchy {
       for (std::size_t l = 1; l < src.layer_pending.size(); ++l) src.layer_pending[l] = true;
   }
   control_block read_control(std::size_t source) const { return read_on(stream_, src_[source].ws.control, 1).front(); }
+  /// Reads `n` device objects of a slot on the hierarchy's stream (synchronises it). Every
+  /// per-slot readback goes through here, public or not, so the guard is taken here.
   template <class T>
   std::vector<T> read_slot_array(const T* base, std::size_t slot, std::size_t n) const {
+    const auto guard = on_device();
     return read_on(stream_, base + slot * n, n);
   }
   /// Enqueues a copy of `n` device objects into host memory on `stream` (no wait).
@@ -2495,6 +2590,7 @@ class hierarchy {
 
   hierarchy_config cfg_;
   cudaStream_t stream_ = nullptr;
+  int device_ = -1;  // the device the hierarchy was created on (device())
   dhisparse::detail::request_registry registry_;
   std::vector<std::optional<request_id>> id_of_slot_;
   location_space space_{};

@@ -83,6 +83,7 @@
 #include "../policies/residency.hpp"
 #include "../step_handle.hpp"
 #include "../types.hpp"
+#include "detail/device_guard.cuh"
 #include "detail/residency_kernels.cuh"
 #include "detail/stream_clock.cuh"
 #include "error.cuh"
@@ -155,8 +156,9 @@ class residency_manager {
   }
   residency_manager(const residency_manager&) = delete;
   residency_manager& operator=(const residency_manager&) = delete;
-  /// Waits for both streams, then releases the copy stream.
+  /// Waits for both streams, then releases the copy stream (on the manager's device, from any thread).
   ~residency_manager() {
+    const detail::device_guard on(h_.device(), std::nothrow);
     cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(step_);
     copy_ = detail::stream_clock();
@@ -173,6 +175,10 @@ class residency_manager {
   [[nodiscard]] step_handle<Hierarchy> step() { return step_handle<Hierarchy>(h_); }
   /// The step stream: resolves, appends, imports, unmaps and completion resets are ordered on it.
   [[nodiscard]] cudaStream_t step_stream() const { return step_; }
+  /// The device the manager and its hierarchy were created on (`hierarchy().device()`): every
+  /// call makes it current for its CUDA work and restores the calling thread's device, so the
+  /// manager works from any thread; a stream given to a call must belong to it (wrong_device).
+  [[nodiscard]] int device() const noexcept { return h_.device(); }
   /// The manager's own non-blocking stream for page fills and backups (owned; destroyed with the manager).
   [[nodiscard]] cudaStream_t copy_stream() const { return copy_stream_; }
   /// The ledger sizes given at construction.
@@ -308,6 +314,7 @@ class residency_manager {
   /// up on the step stream now, so that admissions on the prefix, enqueued later on that stream,
   /// read their host copy. Returns the evicted prefixes. Throws as the hierarchy, and unknown_request.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
+    const auto guard = on_device();
     auto& b = books_of(id);
     auto evicted = h_.retain_prefix(prefix, id, rows);
     back_up_retained(b, prefix);
@@ -315,6 +322,7 @@ class residency_manager {
   }
   /// Retains a request's whole stored history; as above.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
+    const auto guard = on_device();
     auto& b = books_of(id);
     auto evicted = h_.retain_prefix(prefix, id);
     back_up_retained(b, prefix);
@@ -363,6 +371,7 @@ class residency_manager {
   /// invalid_configuration (pageable host rows on a device that cannot read them).
   std::size_t import_history(request_id id, std::size_t source, const std::byte* rows, std::size_t count,
                              cudaStream_t stream) {
+    const detail::device_guard guard(h_.device(), stream == step_ ? cudaStream_t{} : stream);
     auto& b = check_chunk(id, source, count);
     if (count > 0 && rows == nullptr)
       throw size_mismatch("residency: request " + std::to_string(id) + " imports " + std::to_string(count) +
@@ -391,6 +400,7 @@ class residency_manager {
   /// staged through a stream-ordered device allocation on the step stream. Also throws size_mismatch
   /// for a byte count that is not `count` rows.
   std::size_t import_history(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    const auto guard = on_device();
     auto& b = check_chunk(id, source, count);
     const auto& d = layout::sources[source];
     if (rows.size() != count * d.payload_layers * d.row_bytes)
@@ -417,6 +427,7 @@ class residency_manager {
   /// Appends decode rows on the step stream (device-accessible rows; as hierarchy::append). Under
   /// a pinning policy the pages this append completes are filled from the host at once.
   void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count) {
+    const auto guard = on_device();
     auto& b = books_of(id);
     const std::int64_t before = h_.frontier(id, source);
     h_.append(id, source, rows, count, step_);
@@ -424,6 +435,7 @@ class residency_manager {
   }
   /// Appends decode rows from any host memory (staged; as hierarchy::append's span overload).
   void append(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count) {
+    const auto guard = on_device();
     auto& b = books_of(id);
     const std::int64_t before = h_.frontier(id, source);
     h_.append(id, source, rows, count, step_);
@@ -440,6 +452,7 @@ class residency_manager {
   /// `append` fills them: the counts are on the device, so the call then absorbs the books
   /// (`sync_books`: synchronises the step stream) before and after the launch and cannot be captured.
   void append_step(const kv_step_write_view& batch, cudaStream_t backup) {
+    const auto guard = on_device();
     if constexpr (traits::pins_history) {
       h_.sync_books(step_);
       std::vector<std::pair<request_books*, std::array<std::int64_t, sources>>> before;
@@ -460,6 +473,7 @@ class residency_manager {
   /// Completes a request: slot, host pages and required pages are released; its pool pages retire
   /// behind the slot reset on the step stream. Throws unknown_request for a request not admitted.
   void complete(request_id id) {
+    const auto guard = on_device();
     const auto it = seq_of_.find(id);
     if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
     poll();
@@ -504,6 +518,7 @@ class residency_manager {
   /// unmapped eligible page first, requests being reclaimed passed over); the fills run on the copy
   /// stream and are published behind them. Returns the pages reserved.
   std::size_t repopulate() {
+    const auto guard = on_device();
     ++counters_.repopulate_calls;
     if constexpr (!traits::keeps_optional_history) return 0;
     poll();
@@ -526,6 +541,7 @@ class residency_manager {
   /// without waiting for a backup. An engine may call it when the PCIe link is idle. Returns the
   /// pages queued; they stay ready and mapped, and become host-backed once `poll()` sees the copy.
   std::size_t back_up(std::size_t max_pages) {
+    const auto guard = on_device();
     poll();
     std::array<detail::page_batch, sources> batch{};
     std::size_t queued = 0;
@@ -568,6 +584,7 @@ class residency_manager {
   /// proceed (backup, then unmap on the step stream), retired pages return to the pool. Call it
   /// once a step (admit, complete and repopulate call it too).
   void poll() {
+    const auto guard = on_device();
     copy_.poll();
     step_clock_.poll();
     // Retirement: every earlier reader on the step stream has finished.
@@ -603,6 +620,7 @@ class residency_manager {
   /// Blocks until both streams are idle and every in-flight page step has finished (tests,
   /// benchmarks and shutdown; never on the step path).
   void drain() {
+    const auto guard = on_device();
     for (int round = 0; round < 8; ++round) {
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(copy_stream_));
       DHISPARSE_CUDA_TRY(cudaStreamSynchronize(step_));
@@ -732,6 +750,9 @@ class residency_manager {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
   }
+  /// Makes the manager's device current for one call; the thread's device comes back when the
+  /// guard goes (also on a throw).
+  [[nodiscard]] detail::device_guard on_device() const { return detail::device_guard(h_.device()); }
   [[nodiscard]] const request_books& books_of(request_id id) const {
     const auto it = seq_of_.find(id);
     if (it == seq_of_.end()) throw unknown_request("residency: request " + std::to_string(id) + " is not admitted");
@@ -765,6 +786,7 @@ class residency_manager {
   template <class CountOf, class FirstOf, class Import>
   residency_admission admit_impl(request_id id, std::optional<prefix_id> prefix, std::size_t imports, CountOf count_of,
                                  FirstOf first_of, Import import) {
+    const auto guard = on_device();
     if (seq_of_.contains(id) || h_.contains(id))
       throw duplicate_admission("residency: request " + std::to_string(id) + " is already admitted");
     if (imports != 0 && imports != sources)
@@ -900,13 +922,12 @@ class residency_manager {
                                           layout::sources[s].positions_per_row, h_.staged_rows(b.id, s));
   }
   /// A kernel reads the rows: pageable host memory is refused unless the device can access it.
-  static void check_device_accessible(const std::byte* rows) {
+  void check_device_accessible(const std::byte* rows) const {
     cudaPointerAttributes attr{};
     DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
     if (attr.type != cudaMemoryTypeUnregistered) return;
-    int device = 0, pageable = 0;
-    DHISPARSE_CUDA_TRY(cudaGetDevice(&device));
-    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
+    int pageable = 0;
+    DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, h_.device()));
     if (pageable == 0)
       throw invalid_configuration("residency: import_history rows must be device-accessible (device or pinned "
                                   "memory); use the std::span overload for pageable host memory");

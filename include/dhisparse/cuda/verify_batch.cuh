@@ -19,17 +19,19 @@
 #include "../errors.hpp"
 #include "../types.hpp"
 #include "buffers.cuh"
+#include "detail/device_guard.cuh"
 #include "error.cuh"
 #include "verify_views.cuh"
 
 namespace dhisparse::cuda {
 
 /// Owns the device buffers of one `verify_batch_view` (one allocation, zeroed at construction, pointer arrays
-/// filled in); move-only.
+/// filled in); move-only. Bound to the device current at construction (`device()`): its calls
+/// work from any thread and take streams of that device (wrong_device otherwise).
 class device_verify_batch {
  public:
   /// Buffers for up to `capacity` entries of up to `max_block` queries (the hierarchy's K_max) of
-  /// up to `stride` selection entries each (top_k). Synchronises the device once.
+  /// up to `stride` selection entries each (top_k), on the current device. Synchronises the device once.
   device_verify_batch(std::uint32_t capacity, std::uint32_t max_block, std::uint32_t stride)
       : capacity_(capacity), max_block_(max_block), stride_(stride) {
     if (capacity == 0 || max_block == 0 || stride == 0)
@@ -59,6 +61,8 @@ class device_verify_batch {
     DHISPARSE_CUDA_TRY(cudaDeviceSynchronize());  // done before uploads on any (non-blocking) stream
   }
 
+  /// The device the buffers live on (-1 once moved from).
+  [[nodiscard]] int device() const noexcept { return bytes_.device(); }
   /// Batch entries (rounds) the buffers hold.
   [[nodiscard]] std::uint32_t capacity() const { return capacity_; }
   /// Queries per entry the buffers hold (K_max).
@@ -109,6 +113,7 @@ class device_verify_batch {
   /// staged in this object's host buffers, so `rounds` may change at once; the next upload on
   /// another stream must be ordered after this one by the caller.
   void upload(std::span<const round> rounds, cudaStream_t stream) {
+    const detail::device_guard guard(device(), stream);
     if (rounds.size() > capacity_)
       throw size_mismatch("device_verify_batch upload of " + std::to_string(rounds.size()) +
                           " rounds exceeds capacity " + std::to_string(capacity_));
@@ -153,6 +158,7 @@ class device_verify_batch {
   /// Reads the locations of query j of entry e back (`length` entries; synchronises `stream`).
   [[nodiscard]] std::vector<location> download_locations(std::uint32_t e, std::uint32_t j, std::size_t length,
                                                          cudaStream_t stream) const {
+    const detail::device_guard guard(device(), stream);
     if (e >= capacity_ || j >= max_block_ || length > stride_)
       throw size_mismatch("device_verify_batch download outside the buffers");
     return detail::download_sync(locations(e, j), length, stream);

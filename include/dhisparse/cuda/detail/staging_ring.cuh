@@ -10,14 +10,16 @@
 
 #include "../buffers.cuh"
 #include "../error.cuh"
+#include "device_guard.cuh"
 
 namespace dhisparse::cuda::detail {
 
 class staging_ring {
  public:
   staging_ring() = default;
+  /// Events are created on the current device (the owning hierarchy's) and destroyed there.
   staging_ring(std::size_t slot_bytes, unsigned depth)
-      : buffer_(slot_bytes * depth), slot_bytes_(slot_bytes), events_(depth, nullptr) {
+      : buffer_(slot_bytes * depth), slot_bytes_(slot_bytes), events_(depth, nullptr), device_(current_device()) {
     for (auto& e : events_) DHISPARSE_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   staging_ring(const staging_ring&) = delete;
@@ -28,6 +30,8 @@ class staging_ring {
     return *this;
   }
   ~staging_ring() {
+    if (events_.empty()) return;
+    const device_guard on(device_, std::nothrow);
     for (auto e : events_)
       if (e != nullptr) cudaEventDestroy(e);
   }
@@ -50,11 +54,13 @@ class staging_ring {
     std::swap(slot_bytes_, o.slot_bytes_);
     std::swap(events_, o.events_);
     std::swap(next_, o.next_);
+    std::swap(device_, o.device_);
   }
   pinned_buffer buffer_;
   std::size_t slot_bytes_ = 0;
   std::vector<cudaEvent_t> events_;
   unsigned next_ = 0;
+  int device_ = -1;
 };
 
 }  // namespace dhisparse::cuda::detail
