@@ -97,6 +97,20 @@ class history_books {
   [[nodiscard]] shared_store_books* shared() const { return shared_; }
   /// Request id of slot `s` on a shared store.
   [[nodiscard]] request_id key(std::size_t s) const { return keys_[s]; }
+  /// True when these books' rank writes `row`'s host copy: every row when the books own their
+  /// store; on a shared store only the rows of the history pages the rank owns (owner_rule.hpp).
+  [[nodiscard]] bool writes_host_copy(std::int64_t row) const {
+    return !shared_ || shared_->owner(page_of(row)) == rank_;
+  }
+  /// Records that this rank wrote the host copies of rows [first, last) of slot `s` that it owns,
+  /// in row order (shared store; nothing when the books own their store). The host backend calls
+  /// it once the bytes are there; the CUDA backend once the launch that writes them is enqueued
+  /// (eager calls) or absorbed (`sync_books`, which joined the backup first).
+  void wrote_host_copies(std::size_t s, std::int64_t first, std::int64_t last) {
+    if (!shared_) return;
+    for (std::int64_t r = first; r < last; ++r)
+      if (writes_host_copy(r)) shared_->wrote(source_, keys_[s], r, rank_);
+  }
   /// Free host pages: the store's own, or the shared store's.
   [[nodiscard]] std::size_t free_host_pages() const { return shared_ ? shared_->free_pages(source_) : store_.free_pages(); }
   /// Host pages that taking history pages [first, last) of slot `s` would allocate: all of them, or

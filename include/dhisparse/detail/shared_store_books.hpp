@@ -25,6 +25,7 @@
 #include "../errors.hpp"
 #include "../host/host_store.hpp"
 #include "../types.hpp"
+#include "owner_rule.hpp"
 
 namespace dhisparse::detail {
 
@@ -52,7 +53,7 @@ class shared_store_books {
   [[nodiscard]] std::size_t ranks() const { return ranks_; }
   [[nodiscard]] const host_store& store(std::size_t s) const { return stores_[s]; }
   /// The rank that writes history page `page`'s host copy.
-  [[nodiscard]] std::size_t owner(std::size_t page) const { return page % ranks_; }
+  [[nodiscard]] std::size_t owner(std::size_t page) const { return static_cast<std::size_t>(page_owner(page, ranks_)); }
 
   // ---------------------------------------------------------------- ranks (one hierarchy each)
 

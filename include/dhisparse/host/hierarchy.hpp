@@ -61,6 +61,7 @@
 #include "../resolver.hpp"
 #include "host_store.hpp"
 #include "shared_host_store.hpp"
+#include "../detail/shared_rank.hpp"
 #include "../layouts/tiny.hpp"
 
 namespace dhisparse {
@@ -185,13 +186,13 @@ class host_hierarchy {
   /// the store's ranks, a rank that already has a hierarchy, host_pages not the store's, or what the
   /// other constructors reject). A hierarchy of another layout does not compile.
   host_hierarchy(const hierarchy_config& cfg, shared_host_store<Layout>& store, std::size_t rank)
-      : host_hierarchy(shared_config(cfg, store), std::span<const std::span<std::byte>>{}, false, &store.books(),
+      : host_hierarchy(detail::shared_config(cfg, store.host_pages()), std::span<const std::span<std::byte>>{}, false, &store.books(),
                        rank) {}
 
   /// True when the hierarchy is a rank of a shared host store.
-  [[nodiscard]] bool shares_host_store() const { return binding_.books != nullptr; }
+  [[nodiscard]] bool shares_host_store() const { return binding_.books() != nullptr; }
   /// Its rank on the shared host store (0 when it owns its stores).
-  [[nodiscard]] std::size_t rank() const { return binding_.rank; }
+  [[nodiscard]] std::size_t rank() const { return binding_.rank(); }
 
   /// The configuration in use, with defaults filled in (tail_rows, host_pages).
   [[nodiscard]] const hierarchy_config& config() const { return cfg_; }
@@ -222,15 +223,14 @@ class host_hierarchy {
   /// Admits a request with an empty history. Waits (returns not admitted) when no slot is free;
   /// throws duplicate_admission for an id that is already admitted.
   admission admit(request_id id) {
-    if (auto* shared = binding_.books) {  // attach to the request's history on the shared store
-      const std::scoped_lock lock(shared->mutex());
+    if (binding_.books()) {  // attach to the request's history on the shared store
+      const auto lock = binding_.lock();
       if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
       // A full registry waits, and so does an id this rank completed while other ranks still hold
       // that earlier history: attaching now would join the old history.
-      if (registry_.size() >= registry_.capacity() || !shared->can_attach(id, binding_.rank)) return {};
+      if (registry_.size() >= registry_.capacity() || !binding_.can_attach(id)) return {};
       const std::size_t slot = *registry_.admit(id);
-      for (auto& src : src_) src.books.bind(slot, id);
-      shared->attach(id, binding_.rank);
+      binding_.attach(id, slot, sources, [this](std::size_t s) -> detail::history_books& { return src_[s].books; });
       return {true, slot};
     }
     auto slot = registry_.admit(id);
@@ -249,7 +249,7 @@ class host_hierarchy {
       std::erase_if(src.plan, [slot](const planned_copy& c) { return c.slot == slot; });  // its host pages are gone
       reset_hot(src.state[slot]);
     }
-    if (binding_.books) binding_.books->detach(id, binding_.rank);  // its pages were dropped above
+    binding_.detach(id);  // its pages were dropped above
     registry_.release(id);
   }
 
@@ -409,50 +409,41 @@ class host_hierarchy {
     close_round(src.state[slot]);  // the history moved on: a staged block is superseded
     src.state[slot].partial = 0;   // complete rows only: no boundary row is left partially filled
     for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
-      const bool host = writes_host_copy(r);
+      const bool host = src.books.writes_host_copy(r);  // on a shared store: owned pages only
       for (std::size_t l = 0; l < d.payload_layers; ++l) {
         const std::byte* in = rows.data() + (l * count + static_cast<std::size_t>(r - a.first_row)) * d.row_bytes;
         if (host) std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(), in, d.row_bytes);
         if (r >= a.last_row - static_cast<std::int64_t>(cfg_.tail_rows))
           std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
       }
-      if (host && binding_.books) binding_.books->wrote(source, src.books.key(slot), r, binding_.rank);
+      if (host) src.books.wrote_host_copies(slot, r, r + 1);
     }
   }
-  /// True when this hierarchy writes `row`'s host copy: always with its own stores; on a shared
-  /// store only for the history pages it owns (page mod ranks == rank).
-  [[nodiscard]] bool writes_host_copy(std::int64_t row) const {
-    return binding_.books == nullptr || binding_.books->owner(page_of(row)) == binding_.rank;
-  }
   /// The shared store's lock for a call that touches its books (an empty lock without one).
-  [[nodiscard]] std::unique_lock<std::mutex> shared_lock() const {
-    return binding_.books ? std::unique_lock<std::mutex>(binding_.books->mutex()) : std::unique_lock<std::mutex>();
-  }
+  [[nodiscard]] std::unique_lock<std::mutex> shared_lock() const { return binding_.lock(); }
   /// Shared host store: every selected row a call may read from the host store (outside the tail
   /// window, in no ready optional page) must have its host copy. A row without one is in no hot
   /// cache either (hot rows came from the host store), so this refuses exactly the reads that would
   /// find no copy.
   void check_host_copies(std::size_t source, std::size_t slot, request_id id, std::span<const row_index> rows,
                          std::int64_t tail_begin, const char* call) const {
-    if (!binding_.books) return;
+    if (!binding_.books()) return;
     const auto& books = src_[source].books.slot(slot);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row_index e = rows[i];
       if (e == no_row || e >= tail_begin || books.optional_page[page_of(e)] >= 0) continue;
-      if (!binding_.books->has_copy(source, id, e))
+      if (!binding_.books()->has_copy(source, id, e))
         throw host_copy_pending(std::string(call) + " of request " + std::to_string(id) + " on source " +
-                                std::to_string(source) + " by rank " + std::to_string(binding_.rank) + ": entry " +
+                                std::to_string(source) + " by rank " + std::to_string(binding_.rank()) + ": entry " +
                                 std::to_string(i) + " selects row " + std::to_string(e) +
                                 ", outside the rank's tail, whose host copy rank " +
-                                std::to_string(binding_.books->owner(page_of(e))) +
+                                std::to_string(binding_.books()->owner(page_of(e))) +
                                 " (its page's owner) has not written yet (ranks append a step's rows before "
                                 "any rank reads them)");
     }
   }
   void check_prefixes_supported(const char* call) const {
-    if (binding_.books)
-      throw invalid_configuration(std::string(call) + ": shared prefixes are not supported on a shared host store "
-                                  "yet (docs/multi-gpu.md)");
+    binding_.refuse(call, "shared prefixes are");
   }
 
  public:
@@ -743,11 +734,11 @@ class host_hierarchy {
     const auto completed = static_cast<std::size_t>(n_next / m - f);  // 0 while the boundary row stays partial
     const auto a = src.books.commit_append(slot, completed);
     for (std::int64_t r = a.first_row; r < a.last_row; ++r) {
-      if (!writes_host_copy(r)) continue;  // another rank owns the row's page
+      if (!src.books.writes_host_copy(r)) continue;  // another rank owns the row's page
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(),
                     pool_row(source, l, space_.tail(slot, r)), d.row_bytes);
-      if (binding_.books) binding_.books->wrote(source, src.books.key(slot), r, binding_.rank);
+      src.books.wrote_host_copies(slot, r, r + 1);
     }
     st.partial = static_cast<std::size_t>(n_next % m);
     close_round(st);
@@ -852,13 +843,7 @@ class host_hierarchy {
     const auto lock = shared_lock();
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
-    if (binding_.books && page < src.books.pages_per_request() &&
-        page < static_cast<std::size_t>(src.books.slot(slot).frontier) / page_rows &&
-        src.books.slot(slot).optional_page[page] < 0 && binding_.books->rows_copied(source, id, page) < page_rows)
-      throw host_copy_pending("map_optional_page of page " + std::to_string(page) + " of request " +
-                              std::to_string(id) + " on source " + std::to_string(source) + " by rank " +
-                              std::to_string(binding_.rank) + ": its owner, rank " +
-                              std::to_string(binding_.books->owner(page)) + ", has not written all its rows yet");
+    binding_.check_page_copied(src.books, slot, id, source, page);
     const auto taken = src.books.take_optional(id, source, slot, page);
     if (!taken) return false;
     const auto [g, fresh] = *taken;
@@ -911,10 +896,7 @@ class host_hierarchy {
     const auto lock = shared_lock();
     const std::size_t slot = registry_.slot(id);
     const auto bytes = src_[source].books.host_row(slot, layer, row);  // position_beyond_frontier first
-    if (binding_.books && !binding_.books->has_copy(source, id, row))
-      throw host_copy_pending("host_row " + std::to_string(row) + " of request " + std::to_string(id) + " on source " +
-                              std::to_string(source) + ": its owner, rank " +
-                              std::to_string(binding_.books->owner(page_of(row))) + ", has not written it yet");
+    binding_.check_host_row("host_row", id, source, row, page_rows);
     return bytes;
   }
 
@@ -1079,25 +1061,12 @@ class host_hierarchy {
     }
     return slots;
   }
-  /// The shared constructor's configuration: the store's page count.
-  static hierarchy_config shared_config(hierarchy_config cfg, const shared_host_store<Layout>& store) {
-    if (cfg.host_pages != 0 && cfg.host_pages != store.host_pages())
-      throw invalid_configuration("host_pages is " + std::to_string(cfg.host_pages) + ", the shared host store has " +
-                                  std::to_string(store.host_pages()) + " (give 0 or the store's)");
-    cfg.host_pages = store.host_pages();
-    return cfg;
-  }
   /// The constructors' common part: `adopt` takes the host stores from `host_stores`; `shared`
   /// (with `rank`) makes the hierarchy a rank of a shared host store.
   host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, bool adopt,
                  detail::shared_store_books* shared = nullptr, std::size_t rank = 0)
       : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
-    if (shared) {  // claim the rank first; binding_ gives it back if anything below throws
-      const std::scoped_lock lock(shared->mutex());
-      shared->bind(rank);
-      binding_.books = shared;
-      binding_.rank = rank;
-    }
+    if (shared) binding_ = detail::shared_rank(shared, rank);  // claim the rank first; given back if anything below throws
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
@@ -1399,44 +1368,8 @@ class host_hierarchy {
     return stats;
   }
 
-  /// This hierarchy's rank on a shared host store (null books: it owns its stores). A copy would
-  /// put two hierarchies on one rank, so copying a bound hierarchy throws; moving moves the rank.
-  struct rank_binding {
-    detail::shared_store_books* books = nullptr;
-    std::size_t rank = 0;
-    rank_binding() = default;
-    rank_binding(const rank_binding& o) : rank(o.rank) { refuse_copy(o); }
-    rank_binding(rank_binding&& o) noexcept : books(std::exchange(o.books, nullptr)), rank(o.rank) {}
-    rank_binding& operator=(const rank_binding& o) {
-      refuse_copy(o);
-      if (books) throw invalid_configuration("a hierarchy on a shared host store cannot be assigned to");
-      rank = o.rank;
-      return *this;
-    }
-    rank_binding& operator=(rank_binding&& o) noexcept {
-      if (this != &o) {
-        leave();
-        books = std::exchange(o.books, nullptr);
-        rank = o.rank;
-      }
-      return *this;
-    }
-    ~rank_binding() { leave(); }
-    static void refuse_copy(const rank_binding& o) {
-      if (o.books)
-        throw invalid_configuration("a hierarchy on a shared host store cannot be copied (rank " +
-                                    std::to_string(o.rank) + " would have two)");
-    }
-    void leave() noexcept {  // every page hold and attachment of the rank ends with its hierarchy
-      if (!books) return;
-      const std::scoped_lock lock(books->mutex());
-      books->unbind(rank);
-      books = nullptr;
-    }
-  };
-
   hierarchy_config cfg_;
-  rank_binding binding_;  // before the books that point into its store: its leave() needs none of them
+  detail::shared_rank binding_;  // before the books that point into its store: its leave() needs none of them
   detail::request_registry registry_;
   location_space space_{};
   std::array<source_data, sources> src_;
