@@ -61,7 +61,9 @@
 #include "../errors.hpp"
 #include "../hierarchy_types.hpp"
 #include "../detail/history_books.hpp"
+#include "../detail/shared_rank.hpp"
 #include "../host/host_store.hpp"
+#include "../host/shared_host_store.hpp"
 #include "../layout.hpp"
 #include "../layouts/tiny.hpp"
 #include "../location_space.hpp"
@@ -84,6 +86,7 @@
 #include "error.cuh"
 #include "kv_write.cuh"
 #include "readback.cuh"
+#include "shared_host_store.cuh"
 #include "verify_views.cuh"
 #include "views.cuh"
 
@@ -223,7 +226,28 @@ class hierarchy {
   /// pinned, or not mapped for this device) or wrong_device (`stream`) before anything is
   /// allocated.
   hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, cudaStream_t stream)
-      : hierarchy(cfg, stream, checked_host_stores(normalised(cfg), host_stores)) {}
+      : hierarchy(cfg, stream, checked_host_stores(normalised(cfg), host_stores, "adopted host store")) {}
+
+  /// Rank `rank` of the tensor-parallel hierarchies sharing `store` (docs/multi-gpu.md), bound to
+  /// the current device as above: it allocates its own device state (hot caches, tail rings,
+  /// optional pages, staging) and keeps no host store of its own. Its requests' histories live in
+  /// `store`, one copy for every rank, whose bytes must be page-locked and mapped for this device
+  /// (`cuda::pinned_shared_host_store`, or a `shared_host_store` over spans pinned with
+  /// cudaHostAllocPortable | cudaHostAllocMapped); every kernel that writes a host copy (appends,
+  /// commits, the step-wide writes' critical and backup launches) writes only the rows of the
+  /// history pages this rank owns (`store.owner(p) == rank`). Reads of host rows happen on the
+  /// device, so the host cannot check them per row as `host_hierarchy` does: the engine orders
+  /// each owner's host writes before another rank's launches that may read them (docs/multi-gpu.md,
+  /// "Ordering on the CUDA backend"). `store` must outlive the hierarchy; the rank's page holds and
+  /// attachments end with it. `cfg.host_pages` is 0 or the store's `host_pages()`. Throws
+  /// invalid_configuration (rank outside the store's ranks or already bound, host_pages not the
+  /// store's, store bytes not mapped for this device, or what the other constructors reject) or
+  /// wrong_device (`stream`). A hierarchy of another layout does not compile.
+  hierarchy(const hierarchy_config& cfg, shared_host_store<Layout>& store, std::size_t rank, cudaStream_t stream)
+      : hierarchy(dhisparse::detail::shared_config(cfg, store.host_pages()), stream,
+                  checked_host_stores(normalised(dhisparse::detail::shared_config(cfg, store.host_pages())),
+                                      store_spans(store), "shared host store"),
+                  &store.books(), rank) {}
 
   hierarchy(const hierarchy&) = delete;
   hierarchy& operator=(const hierarchy&) = delete;
@@ -264,6 +288,10 @@ class hierarchy {
   /// device is restored when the call returns; streams given to calls must belong to it
   /// (wrong_device otherwise; the null stream is allowed and means this device's).
   [[nodiscard]] int device() const noexcept { return device_; }
+  /// True when the hierarchy is a rank of a shared host store.
+  [[nodiscard]] bool shares_host_store() const { return binding_.books() != nullptr; }
+  /// Its rank on the shared host store (0 when it owns its stores).
+  [[nodiscard]] std::size_t rank() const { return binding_.rank(); }
   /// CTAs of the persistent resolver grid (SMs x resident CTAs per SM), fixed at construction.
   [[nodiscard]] int resolver_grid() const { return grid_; }
   /// Dynamic shared memory of one resolver CTA.
@@ -315,10 +343,18 @@ class hierarchy {
   /// As above, marking the slot live on `stream`.
   admission admit(request_id id, cudaStream_t stream) {
     const auto guard = on_device(stream);
+    const auto lock = binding_.lock();
+    if (binding_.books()) {  // attach to the request's history on the shared store (host_hierarchy::admit)
+      if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
+      // A full registry waits, and so does an id this rank completed while other ranks still hold
+      // that earlier history: attaching now would join the old history.
+      if (registry_.size() >= registry_.capacity() || !binding_.can_attach(id)) return {};
+    }
     auto slot = registry_.admit(id);
     if (!slot) return {};
     id_of_slot_[*slot] = id;
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + *slot, 1u, stream));
+    binding_.attach(id, *slot, sources, books_of_source());
     return {true, *slot};
   }
 
@@ -328,6 +364,7 @@ class hierarchy {
   /// As above, with the device state reset on `stream`.
   void complete(request_id id, cudaStream_t stream) {
     const auto guard = on_device(stream);
+    const auto lock = binding_.lock();
     absorb(stream);  // nothing of the slot may still be in flight when its mirror is cleared
     const std::size_t slot = registry_.slot(id);
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
@@ -343,6 +380,7 @@ class hierarchy {
       }
       mirror_books(s, slot);
     }
+    binding_.detach(id);  // its pages were dropped above
     registry_.release(id);
     id_of_slot_[slot].reset();
   }
@@ -375,6 +413,7 @@ class hierarchy {
   void append(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_source(source);
+    const auto lock = binding_.lock();
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     src_[source].books.check_append(id, source, slot, count);
@@ -389,6 +428,7 @@ class hierarchy {
               cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_source(source);
+    const auto lock = binding_.lock();
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     const auto& d = Layout::sources[source];
@@ -419,10 +459,11 @@ class hierarchy {
     const auto guard = on_device(stream);
     check_source(source);
     check_not_captured(stream, "reserve_rows");
+    const auto lock = binding_.lock();
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& books = src_[source].books;
-    books.check_reserve(id, source, books.pages_to_reserve(slot, rows_ahead));
+    books.check_reserve(id, source, books.fresh_pages_to_reserve(slot, rows_ahead));
     const auto r = books.reserve(slot, rows_ahead);
     try {
       if (r.last_page > r.first_page)
@@ -447,15 +488,16 @@ class hierarchy {
   void reserve_ahead(std::size_t rows_ahead, cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_not_captured(stream, "reserve_ahead");
+    const auto lock = binding_.lock();
     absorb(stream);
     const auto admitted = registry_.admitted();
     for (std::size_t s = 0; s < sources; ++s) {
-      std::size_t pages = 0;
-      for (const auto& [id, slot] : admitted) pages += src_[s].books.pages_to_reserve(slot, rows_ahead);
-      if (pages > src_[s].books.store().free_pages())
+      std::size_t pages = 0;  // on a shared store, pages another rank already has are not taken again
+      for (const auto& [id, slot] : admitted) pages += src_[s].books.fresh_pages_to_reserve(slot, rows_ahead);
+      if (pages > src_[s].books.free_host_pages())
         throw host_pool_exhausted("reserve_ahead of " + std::to_string(rows_ahead) + " rows needs " +
                                   std::to_string(pages) + " host pages on source " + std::to_string(s) + ", " +
-                                  std::to_string(src_[s].books.store().free_pages()) + " free");
+                                  std::to_string(src_[s].books.free_host_pages()) + " free");
     }
     struct done_reservation {
       std::size_t source, slot;
@@ -589,6 +631,7 @@ class hierarchy {
   /// reads the books between replays. Not capturable.
   void sync_books(cudaStream_t stream) {
     const auto guard = on_device(stream);
+    const auto lock = binding_.lock();
     sync_books_impl(stream);
   }
   /// As above, on the hierarchy's stream.
@@ -911,9 +954,11 @@ class hierarchy {
   bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_source(source);
+    const auto lock = binding_.lock();
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
+    binding_.check_page_copied(src.books, slot, id, source, page);  // shared store: its owner has recorded every row
     const bool had = page < pages_per_request_ && src.books.slot(slot).optional_page[page] >= 0;
     const auto taken = src.books.take_optional(id, source, slot, page);
     if (!taken) return false;
@@ -972,6 +1017,7 @@ class hierarchy {
   std::int32_t reserve_optional_page(request_id id, std::size_t source, std::size_t page, bool* shared = nullptr) {
     const auto guard = on_device();
     check_source(source);
+    const auto lock = binding_.lock();
     absorb(stream_);
     const std::size_t slot = registry_.slot(id);
     auto& books = src_[source].books;
@@ -1021,6 +1067,7 @@ class hierarchy {
                                                                 cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_source(source);
+    binding_.refuse("import_rows", "imports (device-only pages defer host copies) are");
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
@@ -1075,7 +1122,17 @@ class hierarchy {
   /// Free host-store pages of a source.
   [[nodiscard]] std::size_t free_host_pages(std::size_t source) const {
     check_source(source);
-    return src_[source].books.store().free_pages();
+    const auto lock = binding_.lock();
+    return src_[source].books.free_host_pages();
+  }
+  /// Bytes of host-store pages allocated now, every source: this hierarchy's requests' histories,
+  /// or on a shared host store every rank's (`shared_host_store::host_bytes_in_use`).
+  [[nodiscard]] std::size_t host_bytes_in_use() const {
+    const auto lock = binding_.lock();
+    std::size_t n = 0;
+    for (const auto& src : src_)
+      n += (src.books.store().total_pages() - src.books.free_host_pages()) * src.books.store().page_bytes();
+    return n;
   }
 
   // ------------------------------------------------------------------ shared prefixes (docs/prefixes.md)
@@ -1086,12 +1143,14 @@ class hierarchy {
   /// by batched writes are absorbed first (a stream sync when there are any). Returns the evicted prefixes.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id, std::span<const std::int64_t> rows) {
     const auto guard = on_device();
+    binding_.refuse("retain_prefix", "shared prefixes are");
     absorb(stream_);
     return prefixes_.retain_rows(prefix, id, registry_.slot(id), rows, books_of_source());
   }
   /// Retains a request's whole stored history on every source.
   std::vector<prefix_id> retain_prefix(prefix_id prefix, request_id id) {
     const auto guard = on_device();
+    binding_.refuse("retain_prefix", "shared prefixes are");
     absorb(stream_);
     return prefixes_.retain_stored(prefix, id, registry_.slot(id), books_of_source());
   }
@@ -1105,12 +1164,13 @@ class hierarchy {
   /// duplicate_admission, unknown_prefix.
   admission admit(request_id id, prefix_id prefix, cudaStream_t stream) {
     const auto guard = on_device(stream);
+    binding_.refuse("admit on a prefix", "shared prefixes are");
     absorb(stream);
     if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
     const auto& e = prefixes_.find(prefix);
     if (registry_.size() >= registry_.capacity()) return {};
     for (std::size_t s = 0; s < sources; ++s)
-      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.store().free_pages()) return {};
+      if (src_[s].books.pages_to_share(e.rows[s]) > src_[s].books.free_host_pages()) return {};
     const admission a = admit(id, stream);
     const std::size_t slot = a.slot;
     for (std::size_t s = 0; s < sources; ++s) {
@@ -1192,6 +1252,7 @@ class hierarchy {
   /// frontier stays). Replaces a previous block.
   void stage_block(request_id id, std::size_t source, const std::byte* rows, std::size_t count, cudaStream_t stream) {
     const auto guard = on_device(stream);
+    const auto lock = binding_.lock();  // absorbing records host copies in the shared books
     absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     check_device_accessible(rows, "stage_block");
@@ -1202,6 +1263,7 @@ class hierarchy {
   void stage_block(request_id id, std::size_t source, std::span<const std::byte> rows, std::size_t count,
                    cudaStream_t stream) {
     const auto guard = on_device(stream);
+    const auto lock = binding_.lock();  // absorbing records host copies in the shared books
     absorb(stream);
     const std::size_t slot = check_stage(id, source, count);
     const auto& d = Layout::sources[source];
@@ -1289,6 +1351,7 @@ class hierarchy {
     const auto guard = on_device(stream);
     check_speculative(source);
     check_not_capturing(stream, "verify", "verify(source, verify_batch_view, stream)");
+    const auto lock = binding_.lock();  // absorbing records host copies in the shared books
     absorb(stream);
     auto& src = src_[source];
     check_followers_copied(source, "verified");
@@ -1411,6 +1474,7 @@ class hierarchy {
   void commit(request_id id, std::size_t source, std::size_t accepted, cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_speculative(source);
+    const auto lock = binding_.lock();
     absorb(stream);
     const std::size_t slot = registry_.slot(id);
     auto& src = src_[source];
@@ -1439,6 +1503,7 @@ class hierarchy {
       src.books.undo_append(slot, a);  // the books follow the device: nothing was committed
       throw;
     }
+    src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: enqueued in stream order
     src.partial[slot] = static_cast<std::size_t>(n_next % m);
     close_round(source, slot, stream);
     mirror_books(source, slot);
@@ -1627,12 +1692,18 @@ class hierarchy {
     check_layer(source, layer);
     const std::size_t slot = registry_.slot(id);
     const auto& books = src_[source].books;
+    const auto lock = binding_.lock();
     wait_backup_host();  // the row's bytes may still be on their way from the tail ring
-    if (!src_[source].device_writes) return books.host_row(slot, layer, row);
+    if (!src_[source].device_writes) {
+      const auto bytes = books.host_row(slot, layer, row);  // position_beyond_frontier first
+      binding_.check_host_row("host_row", id, source, row, page_rows);
+      return bytes;
+    }
     const std::int64_t f = device_frontier(id, source);  // the device leads; host pages are the books'
     if (row < 0 || row >= f)
       throw position_beyond_frontier("row " + std::to_string(row) + " does not exist (" + std::to_string(f) +
                                      " rows stored)");
+    binding_.check_host_row("host_row", id, source, row, page_rows);
     return books.store().row(books.host_page_of(slot, row), layer, row);
   }
   /// Hot-cache contents of a request/source read back from the device (-1: empty way; synchronises
@@ -1705,16 +1776,17 @@ class hierarchy {
   using adopted_stores = std::array<adopted_store, sources>;
 
   /// Validates caller host stores for `c` (normalised); throws before anything is allocated.
-  static adopted_stores checked_host_stores(const hierarchy_config& c, std::span<const std::span<std::byte>> stores) {
+  static adopted_stores checked_host_stores(const hierarchy_config& c, std::span<const std::span<std::byte>> stores,
+                                            const char* what) {
     if (stores.size() != sources)
-      throw size_mismatch("adopted host stores: " + std::to_string(stores.size()) + " spans given, the layout has " +
+      throw size_mismatch(std::string(what) + "s: " + std::to_string(stores.size()) + " spans given, the layout has " +
                           std::to_string(sources) + " sources (one span per source)");
     adopted_stores out{};
     for (std::size_t s = 0; s < sources; ++s) {
       const auto& d = Layout::sources[s];
       const std::size_t need = host_store::bytes_required(page_rows, d.payload_layers, d.row_bytes, c.host_pages);
       const std::span<std::byte> span = stores[s];
-      const std::string who = "adopted host store of source " + std::to_string(s);
+      const std::string who = std::string(what) + " of source " + std::to_string(s);
       if (span.size() < need || span.data() == nullptr)
         throw size_mismatch(who + " holds " + std::to_string(span.size()) + " bytes, needs " + std::to_string(need) +
                             " (host_store_bytes: " + std::to_string(c.host_pages) + " pages)");
@@ -1725,9 +1797,16 @@ class hierarchy {
       if (first == nullptr || last != first + (need - 1))
         throw invalid_configuration(who + " is not device-accessible: it must be page-locked and mapped for this device "
                                     "over its whole length (cudaHostAlloc with cudaHostAllocMapped, or cudaHostRegister "
-                                    "with cudaHostRegisterMapped)");
+                                    "with cudaHostRegisterMapped; add the Portable flag when several devices read it, "
+                                    "as cuda::pinned_shared_host_store does)");
       out[s] = {span.first(need), first};
     }
+    return out;
+  }
+  /// The bytes of every source of a shared host store, for `checked_host_stores`.
+  static std::array<std::span<std::byte>, sources> store_spans(shared_host_store<Layout>& store) {
+    std::array<std::span<std::byte>, sources> out;
+    for (std::size_t s = 0; s < sources; ++s) out[s] = store.books().store(s).storage();
     return out;
   }
   /// Device address of pinned, mapped host byte `p` on the current device; null when `p` is not.
@@ -1741,9 +1820,12 @@ class hierarchy {
     return static_cast<std::byte*>(attr.devicePointer);
   }
 
-  /// The constructors' common part: allocates everything but the adopted host stores.
-  hierarchy(const hierarchy_config& cfg, cudaStream_t stream, const adopted_stores& adopted)
+  /// The constructors' common part: allocates everything but the adopted host stores; `shared`
+  /// (with `rank`) makes the hierarchy a rank of a shared host store, whose bytes `adopted` holds.
+  hierarchy(const hierarchy_config& cfg, cudaStream_t stream, const adopted_stores& adopted,
+            dhisparse::detail::shared_store_books* shared = nullptr, std::size_t rank = 0)
       : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
+    if (shared) binding_ = dhisparse::detail::shared_rank(shared, rank);  // claim the rank first; given back on a throw
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");
@@ -2134,6 +2216,8 @@ class hierarchy {
     src.books = dhisparse::detail::history_books(cfg_.max_requests, cfg_.max_rows, page_rows, cfg_.optional_pages,
                                       host_store(page_rows, d.payload_layers, d.row_bytes, cfg_.host_pages,
                                                  store_bytes));
+    // Shared store: the bytes are the store's (adopted above); pages come from its books.
+    if (binding_.books()) src.books.attach_shared(binding_.books(), s, binding_.rank());
 
     location_space sp = space_;
     if constexpr (Staging::shared) sp.staging_gap = blocks_plan_.staging_gap[s];
@@ -2166,6 +2250,8 @@ class hierarchy {
     v.page_rows = static_cast<std::uint32_t>(page_rows);
     v.tail_rows = static_cast<std::uint32_t>(cfg_.tail_rows);
     v.pages_per_request = static_cast<std::uint32_t>(pages_per_request_);
+    v.owner_ranks = binding_.books() ? static_cast<std::uint32_t>(binding_.books()->ranks()) : 0u;
+    v.owner_rank = static_cast<std::uint32_t>(binding_.rank());
 
     workspace_view& w = src.ws;
     w.control = reinterpret_cast<control_block*>(base + o.control);
@@ -2328,7 +2414,9 @@ class hierarchy {
         const auto part = static_cast<std::size_t>(p[slot]);
         const bool moved = rows != src.books.slot(slot).frontier || (speculative() && part != src.partial[slot]);
         if (!moved) continue;
+        const std::int64_t before = src.books.slot(slot).frontier;
         src.books.absorb_frontier(id, s, slot, rows);
+        src.books.wrote_host_copies(slot, before, rows);  // backups joined above: the owned rows are on the host
         if (speculative()) {  // the batched append or commit closed the round
           src.partial[slot] = part;
           src.staged[slot] = 0;
@@ -2498,6 +2586,7 @@ class hierarchy {
       src.books.undo_append(slot, a);  // the books follow the device: nothing was appended
       throw;
     }
+    src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: enqueued in stream order
     mirror_books(source, slot);
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
@@ -2591,6 +2680,7 @@ class hierarchy {
   hierarchy_config cfg_;
   cudaStream_t stream_ = nullptr;
   int device_ = -1;  // the device the hierarchy was created on (device())
+  dhisparse::detail::shared_rank binding_;  // rank on a shared host store (none: own stores); freed after the books
   dhisparse::detail::request_registry registry_;
   std::vector<std::optional<request_id>> id_of_slot_;
   location_space space_{};

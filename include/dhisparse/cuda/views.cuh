@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "../detail/config.hpp"
+#include "../detail/owner_rule.hpp"
 #include "../errors.hpp"
 #include "../location_space.hpp"
 #include "../types.hpp"
@@ -107,11 +108,20 @@ struct source_view {
   std::uint32_t page_rows = 0;              ///< rows per page
   std::uint32_t tail_rows = 0;              ///< T
   std::uint32_t pages_per_request = 0;      ///< ceil(max_rows / page_rows)
+  /// Shared host store (docs/multi-gpu.md): the ranks sharing it, 0 when the store is this
+  /// hierarchy's own, and this hierarchy's rank. Host copies are written only for owned pages.
+  std::uint32_t owner_ranks = 0;
+  std::uint32_t owner_rank = 0;          ///< this hierarchy's rank on the shared store
 
   /// Device address of location `loc` in payload layer `layer`: one formula for every location,
   /// so a stock attention kernel given `layer_pool[layer]` reads the same bytes with no branch.
   DHISPARSE_HD std::byte* row_address(unsigned layer, location loc) const {
     return layer_pool[layer] + static_cast<std::size_t>(loc) * row_bytes;
+  }
+  /// True when this hierarchy writes row `r`'s host copy: every row of its own store; on a shared
+  /// store only the rows of the pages it owns (page mod ranks == rank, detail/owner_rule.hpp).
+  DHISPARSE_HD bool writes_host_copy(std::int64_t r) const {
+    return dhisparse::detail::writes_host_copy(r, page_rows, owner_ranks, owner_rank);
   }
 };
 

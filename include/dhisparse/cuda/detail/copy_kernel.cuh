@@ -93,9 +93,10 @@ __global__ void __launch_bounds__(simple_block_threads)
     if (r >= tail_begin)
       tail = reinterpret_cast<int4*>(src.layer_pool[l] +
                                      static_cast<std::size_t>(src.space.tail(slot, r)) * src.row_bytes);
+    if (!src.writes_host_copy(r)) host = nullptr;  // shared host store: another rank owns the row's page
     for (unsigned v = lane; v < vecs; v += 32) {
       const int4 x = in[v];
-      host[v] = x;
+      if (host != nullptr) host[v] = x;
       if (tail != nullptr) tail[v] = x;
     }
   }

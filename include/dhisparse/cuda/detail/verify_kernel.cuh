@@ -550,6 +550,7 @@ __global__ void __launch_bounds__(verify_copy_threads)
   for (unsigned u = warp; u < units; u += warps) {
     const unsigned l = u / count, i = u - l * count;
     const std::int64_t r = first + i;
+    if (!src.writes_host_copy(r)) continue;  // shared host store: another rank owns the row's page
     const std::int32_t hp =
         src.host_page[static_cast<std::size_t>(slot) * src.pages_per_request + static_cast<std::size_t>(r) / src.page_rows];
     auto* host = reinterpret_cast<int4*>(src.host_store + static_cast<std::uint64_t>(hp) * src.page_bytes +

@@ -11,7 +11,8 @@
 /// outside the window are written to the host store by the critical launch, so every row that
 /// is not ready on the GPU has a host copy when the critical launch ends. Bad pairs are left
 /// untouched and recorded per source; the first one of the first failing launch is kept for
-/// `check_errors`.
+/// `check_errors`. On a shared host store (docs/multi-gpu.md) every host write, critical or
+/// backup, is made only for rows of the pages this hierarchy's rank owns (`source_view::writes_host_copy`).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -238,7 +239,7 @@ __global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned
         const bool in_window = row >= tail_begin;
         const int4 x = from[v];
         if (in_window && from != tail) tail[v] = x;  // an engine may have written the ring row in place
-        if (!in_window || inline_host) host_row_address(src, s, l, row)[v] = x;
+        if ((!in_window || inline_host) && src.writes_host_copy(row)) host_row_address(src, s, l, row)[v] = x;
       });
       if (!inline_host) work = {slot, static_cast<std::uint32_t>(last - (f > tail_begin ? f : tail_begin)),
                                 f > tail_begin ? f : tail_begin};
@@ -305,7 +306,7 @@ __global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigne
       if (kept > f)
         for_each_vector(src, static_cast<unsigned>(kept - f), [&](unsigned l, unsigned i, unsigned v) {
           const std::int64_t row = f + i;
-          host_row_address(src, s, l, row)[v] = tail_row_address(src, s, l, row)[v];
+          if (src.writes_host_copy(row)) host_row_address(src, s, l, row)[v] = tail_row_address(src, s, l, row)[v];
         });
       if (!inline_host && last > kept) work = {slot, static_cast<std::uint32_t>(last - kept), kept};
       __syncthreads();
@@ -395,7 +396,7 @@ __global__ void backup_rows_kernel(const step_source<OrderIndex>* table, unsigne
   const auto s = static_cast<unsigned>(work.slot);
   for_each_vector(t.view, work.rows, [&](unsigned l, unsigned i, unsigned v) {
     const std::int64_t row = work.first + i;
-    host_row_address(t.view, s, l, row)[v] = tail_row_address(t.view, s, l, row)[v];
+    if (t.view.writes_host_copy(row)) host_row_address(t.view, s, l, row)[v] = tail_row_address(t.view, s, l, row)[v];
   });
 }
 
