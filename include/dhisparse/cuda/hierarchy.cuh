@@ -18,6 +18,11 @@
 /// with CUDA 12.8 and newer, and not on a stream being captured); the null stream is allowed and
 /// means the hierarchy's device's.
 ///
+/// Several GPUs of one host (docs/multi-gpu.md): hierarchies built over one `shared_host_store`, one
+/// per tensor-parallel rank (`hierarchy(cfg, store, rank, stream)`), keep one host copy of each
+/// history; every kernel that writes host copies writes only the pages the rank owns (page p:
+/// rank p mod N), and the engine orders an owner's host writes before other ranks' reads.
+///
 /// Errors: host-detectable errors (unknown request id, duplicate in batch, selection longer than
 /// top_k, pending follower copies, capacity) throw at the call with nothing changed or queued.
 /// Errors only visible on the device (selection entries out of range or beyond the frontier;
@@ -950,7 +955,10 @@ class hierarchy {
   /// optional pool page, copies the page's rows (every layer) from the host store on `stream`,
   /// then publishes the map entry behind the copy. Returns false (a wait) when no page is free.
   /// A page whose host page another request maps (shared prefixes) is published at once on that
-  /// request's pool page, with no copy: its first mapping must be ordered before `stream`.
+  /// request's pool page, with no copy: its first mapping must be ordered before `stream`. On a
+  /// shared host store, throws host_copy_pending (nothing changed) while an owner rank has not
+  /// recorded every row of the page; the copy itself must be ordered after the owners' writes
+  /// (docs/multi-gpu.md, "Ordering on the CUDA backend").
   bool map_optional_page(request_id id, std::size_t source, std::size_t page, cudaStream_t stream) {
     const auto guard = on_device(stream);
     check_source(source);
@@ -1686,6 +1694,8 @@ class hierarchy {
   /// The host copy of a row in the pinned store (host books, no CUDA call; its bytes are valid once
   /// the appending stream has synchronised). Its address also tells which host page holds the row.
   /// After batched writes the row must lie below the device frontier (read back, synchronising).
+  /// On a shared host store, throws host_copy_pending while the row's owner rank has not recorded
+  /// it (docs/multi-gpu.md: batched writes count once the owner absorbed them).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
                                                     row_index row) const {
     const auto guard = on_device();
