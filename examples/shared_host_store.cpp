@@ -5,9 +5,8 @@
 //
 //   every rank, on its own thread, in lockstep:
 //     admit each request, append its prefill (longer than the tail: rows go to the store at once)
-//     barrier                                    <- every rank's writes before any rank's reads
 //     per decode step: reserve_ahead every few steps, append_step (one row per request and source)
-//                      barrier                   <- the step's TP collective orders the same
+//                      barrier                   <- every rank's writes before any rank's reads
 //                      resolve per source, attention reads exactly the returned locations
 //     midway: complete one request on every rank, barrier, admit the same id again (a new history)
 //
@@ -116,12 +115,11 @@ void run_rank(H& h, std::barrier<>& sync, rank_run& out) {
     h.reserve_ahead(ahead);
     for (auto& [id, r] : live)
       for (std::size_t s = 0; s < kSources; ++s)
-        r.covered[s] = std::max(r.covered[s], std::min<std::int64_t>(kMaxRows, r.rows[s] + static_cast<std::int64_t>(ahead)));
+        r.covered[s] = std::max(r.covered[s], std::min<std::int64_t>(kMaxRows, r.rows[s] + std::int64_t(ahead)));
   };
 
   for (std::size_t i = 0; i < kRequests; ++i) admit(static_cast<request_id>(i + 1), 0, 40 + 13 * i);
   reserve(kReserveEvery);
-  sync.arrive_and_wait();  // every rank's prefill rows are in the store before any rank reads them
   for (std::size_t step = 0; step < kSteps; ++step) {
     if (step == kReadmitStep) {
       h.complete(kReadmitted);
@@ -144,14 +142,15 @@ void run_rank(H& h, std::barrier<>& sync, rank_run& out) {
     h.append_step(writes);
     for (auto& [id, r] : live)
       for (std::size_t s = 0; s < kSources; ++s) wrote(r, s, 1);
-    sync.arrive_and_wait();  // the TP collective: every owner's rows are written before anyone resolves
+    sync.arrive_and_wait();  // the TP collective: every owner's rows (prefills too) are written before anyone resolves
     for (std::size_t s = 0; s < kSources; ++s) {
       std::vector<std::vector<row_index>> sel;
       std::vector<std::vector<location>> loc;
       std::vector<resolve_item> batch;
       for (auto& [id, r] : live) {  // the indexer's top-k: old rows (other ranks' pages) and recent ones
         auto& x = sel.emplace_back(model_layout::top_k);
-        for (auto& e : x) e = rng() % 8 == 0 ? no_row : static_cast<row_index>(rng() % static_cast<std::uint64_t>(r.rows[s]));
+        for (auto& e : x)
+          e = rng() % 8 == 0 ? no_row : static_cast<row_index>(rng() % static_cast<std::uint64_t>(r.rows[s]));
         loc.emplace_back(x.size());
         batch.push_back({id, sel.back(), loc.back()});
       }
@@ -162,7 +161,8 @@ void run_rank(H& h, std::barrier<>& sync, rank_run& out) {
           if (sel[e][i] == no_row) continue;
           for (std::size_t l = 0; l < layers(s); ++l) {
             const auto got = h.payload(s, l, loc[e][i]);
-            for (std::size_t b = 0; b < row_bytes(s); ++b) out.wrong_bytes += got[b] != kv_byte(r.tag, s, l, sel[e][i], b);
+            for (std::size_t b = 0; b < row_bytes(s); ++b)
+              out.wrong_bytes += got[b] != kv_byte(r.tag, s, l, sel[e][i], b);
           }
           ++out.rows_read;
         }
