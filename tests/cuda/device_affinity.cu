@@ -25,16 +25,6 @@
 #include "dhisparse/host/residency_manager.hpp"
 #include "dhisparse/policies/draft_ring.hpp"
 
-#if defined(SKIP)  // Catch2 3.3 and newer
-#define DHTEST_SKIP(message) SKIP(message)
-#else  // Catch2 2: no skipped state; say why and pass
-#define DHTEST_SKIP(message) \
-  do {                       \
-    WARN(message);           \
-    return;                  \
-  } while (0)
-#endif
-
 namespace {
 
 using namespace dhtest;

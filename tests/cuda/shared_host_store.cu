@@ -28,16 +28,6 @@
 #include "dhisparse/cuda/shared_host_store.cuh"
 #include "dhisparse/host/shared_host_store.hpp"
 
-#if defined(SKIP)  // Catch2 3.3 and newer
-#define DHTEST_SKIP(message) SKIP(message)
-#else  // Catch2 2: no skipped state; say why and pass
-#define DHTEST_SKIP(message) \
-  do {                       \
-    WARN(message);           \
-    return;                  \
-  } while (0)
-#endif
-
 namespace {
 
 using namespace dhtest;
