@@ -426,13 +426,16 @@ void bm_mode(benchmark::State& state, mode x) {
     std::vector<double> skew_us;
     std::vector<std::uint64_t> bytes(N, 0);
     std::uint32_t step = st.first_timed();
+    bool failed = false;
     for (auto _ : state) {
       if (step >= st.steps()) {
         fail(state, what + ": more iterations than generated steps");
+        failed = true;
         break;
       }
       if (!pool.run(command::step, step)) {
         fail(state, what + ": step " + std::to_string(step) + ": " + c.failure());
+        failed = true;
         break;
       }
       std::vector<double> step_us(N);
@@ -448,7 +451,7 @@ void bm_mode(benchmark::State& state, mode x) {
       state.SetIterationTime(median_of(step_us) / 1e6);
       ++step;
     }
-    if (us[0].empty()) return;  // failed above
+    if (failed || us[0].empty()) return;  // no figures from a failed run
 
     auto& k = state.counters;
     k["ranks"] = double(N);
