@@ -107,9 +107,7 @@ class history_books {
   /// it once the bytes are there; the CUDA backend once the launch that writes them is enqueued
   /// (eager calls) or absorbed (`sync_books`, which joined the backup first).
   void wrote_host_copies(std::size_t s, std::int64_t first, std::int64_t last) {
-    if (!shared_) return;
-    for (std::int64_t r = first; r < last; ++r)
-      if (writes_host_copy(r)) shared_->wrote(source_, keys_[s], r, rank_);
+    if (shared_) shared_->wrote(source_, keys_[s], first, last, rank_);
   }
   /// Free host pages: the store's own, or the shared store's.
   [[nodiscard]] std::size_t free_host_pages() const { return shared_ ? shared_->free_pages(source_) : store_.free_pages(); }

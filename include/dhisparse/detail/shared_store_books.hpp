@@ -14,6 +14,7 @@
 ///
 /// Not thread-safe by itself: every call is made with `mutex()` held (the hierarchies lock it for
 /// each call that touches the shared books).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -169,20 +170,29 @@ class shared_store_books {
     const auto* p = find(s, id);
     return p && page < p->written.size() ? p->written[page] : 0;
   }
-  /// Records that `rank` (the owner of the row's page) wrote `row`'s host copy: rows of a page are
-  /// written in order, each once.
-  void wrote(std::size_t s, request_id id, std::int64_t row, std::size_t rank) {
+  /// Records that `rank` wrote the host copies of the rows of [first, last) of request `id` on
+  /// source `s` that lie in pages it owns (the others are their owners' to write): each page's rows
+  /// are written in order, each once.
+  void wrote(std::size_t s, request_id id, std::int64_t first, std::int64_t last, std::size_t rank) {
+    if (last <= first) return;
     auto& p = requests_.at(id).sources[s];
-    const std::size_t rows = stores_[s].page_rows();
-    const auto page = static_cast<std::size_t>(row) / rows;
-    auto& w = p.written[page];
-    if (w != static_cast<std::size_t>(row) % rows)  // an internal rule broken: never let it pass silently
-      throw device_error("shared host store: row " + std::to_string(row) + " of request " + std::to_string(id) +
-                         " on source " + std::to_string(s) + " written out of order (" + std::to_string(w) +
-                         " rows of its page written)");
-    ++w;
-    ++rows_written_[rank];
-    bytes_written_[rank] += stores_[s].layers() * stores_[s].row_bytes();
+    const auto rows = static_cast<std::int64_t>(stores_[s].page_rows());
+    for (std::int64_t r = first; r < last;) {
+      const auto page = static_cast<std::size_t>(r / rows);
+      const std::int64_t end = std::min(last, static_cast<std::int64_t>(page + 1) * rows);
+      if (owner(page) == rank) {
+        auto& w = p.written[page];
+        if (w != static_cast<std::size_t>(r % rows))  // an internal rule broken: never let it pass silently
+          throw device_error("shared host store: row " + std::to_string(r) + " of request " + std::to_string(id) +
+                             " on source " + std::to_string(s) + " written out of order (" + std::to_string(w) +
+                             " rows of its page written)");
+        const auto n = static_cast<std::size_t>(end - r);
+        w += n;
+        rows_written_[rank] += n;
+        bytes_written_[rank] += n * stores_[s].layers() * stores_[s].row_bytes();
+      }
+      r = end;
+    }
   }
   [[nodiscard]] std::uint64_t rows_written(std::size_t rank) const { return rows_written_[rank]; }
   [[nodiscard]] std::uint64_t bytes_written(std::size_t rank) const { return bytes_written_[rank]; }

@@ -416,8 +416,8 @@ class host_hierarchy {
         if (r >= a.last_row - static_cast<std::int64_t>(cfg_.tail_rows))
           std::memcpy(pool_row(source, l, space_.tail(slot, r)), in, d.row_bytes);
       }
-      if (host) src.books.wrote_host_copies(slot, r, r + 1);
     }
+    src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: the owned rows
   }
   /// The shared store's lock for a call that touches its books (an empty lock without one).
   [[nodiscard]] std::unique_lock<std::mutex> shared_lock() const { return binding_.lock(); }
@@ -738,8 +738,8 @@ class host_hierarchy {
       for (std::size_t l = 0; l < d.payload_layers; ++l)
         std::memcpy(src.books.store().row(src.books.host_page_of(slot, r), l, r).data(),
                     pool_row(source, l, space_.tail(slot, r)), d.row_bytes);
-      src.books.wrote_host_copies(slot, r, r + 1);
     }
+    src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: the owned rows
     st.partial = static_cast<std::size_t>(n_next % m);
     close_round(st);
   }
