@@ -45,11 +45,13 @@ POLICIES = {
 CUDA_BUILT = bool(_core.cuda_built)
 
 
-def _current_stream() -> int:
-    """torch's current CUDA stream when torch is imported and has CUDA, else 0 (the legacy default)."""
+def _current_stream(device: Optional[int] = None) -> int:
+    """torch's current CUDA stream of `device` (default: torch's current device) when torch is
+    imported and has CUDA, else 0 (the legacy default). A call on an object of GPU d uses d's
+    current stream, whatever device is current: objects take only streams of their own GPU."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
-        return torch.cuda.current_stream().cuda_stream
+        return torch.cuda.current_stream(device).cuda_stream
     return 0
 
 

@@ -86,9 +86,10 @@ using request_list = std::vector<request_id>;
 void bind_errors(nb::module_& m);
 /// The shared value types: configs, stats, admissions, ledgers, enums (module.cpp).
 void bind_types(nb::module_& m);
-/// Stream used when a CUDA call is given none: the provider installed by the Python package
-/// (torch's current stream when torch is imported), else 0 (module.cpp).
-std::uintptr_t default_stream(std::optional<std::uintptr_t> given);
+/// Stream used when a CUDA call on an object of `device` is given none: the provider installed by
+/// the Python package (torch's current stream of that device when torch is imported), else 0
+/// (module.cpp). Per device, because an object takes only streams of its own GPU (wrong_device).
+std::uintptr_t default_stream(std::optional<std::uintptr_t> given, int device);
 
 /// Layout facts as a dict (top_k, page_rows, sources: [{row_bytes, positions_per_row, payload_layers}]).
 template <KvLayout L>

@@ -141,7 +141,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def(
           "admit",
           [](Ops& h, request_id id, std::optional<prefix_id> prefix, opt_stream s) {
-            return prefix ? h.admit_on_prefix(id, *prefix, default_stream(s)) : h.admit(id, default_stream(s));
+            return prefix ? h.admit_on_prefix(id, *prefix, default_stream(s, h.device())) : h.admit(id, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("prefix") = nb::none(), nb::arg("stream") = nb::none(),
           "Admits a request with an empty history, or on retained prefix `prefix` (one kernel per source "
@@ -158,7 +158,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def("retained_prefixes", &Ops::retained_prefixes)
       .def("prefix_pages_held", &Ops::prefix_pages_held, nb::arg("source"))
       .def(
-          "complete", [](Ops& h, request_id id, opt_stream s) { h.complete(id, default_stream(s)); },
+          "complete", [](Ops& h, request_id id, opt_stream s) { h.complete(id, default_stream(s, h.device())); },
           nb::arg("request"), nb::arg("stream") = nb::none())
       .def("frontier", &Ops::frontier, nb::arg("request"), nb::arg("source"))
       .def("positions", &Ops::positions, nb::arg("request"), nb::arg("source"))
@@ -167,23 +167,23 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
             const auto r = import_rows_arg<L>(rows_obj, source, count);
-            h.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s));
+            h.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           nb::arg("stream") = nb::none())
       .def(
           "reserve_rows",
           [](Ops& h, request_id id, std::size_t source, std::size_t rows_ahead, opt_stream s) {
-            h.reserve_rows(id, source, rows_ahead, default_stream(s));
+            h.reserve_rows(id, source, rows_ahead, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows_ahead"), nb::arg("stream") = nb::none())
       .def(
-          "reserve_ahead", [](Ops& h, std::size_t rows_ahead, opt_stream s) { h.reserve_ahead(rows_ahead, default_stream(s)); },
+          "reserve_ahead", [](Ops& h, std::size_t rows_ahead, opt_stream s) { h.reserve_ahead(rows_ahead, default_stream(s, h.device())); },
           nb::arg("rows_ahead"), nb::arg("stream") = nb::none(),
           "Host pages for the next rows_ahead rows of every request and source (outside a graph).")
       .def("reserved_rows", &Ops::reserved_rows, nb::arg("request"), nb::arg("source"))
       .def(
-          "sync_books", [](Ops& h, opt_stream s) { h.sync_books(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "sync_books", [](Ops& h, opt_stream s) { h.sync_books(default_stream(s, h.device())); }, nb::arg("stream") = nb::none(),
           "Brings the host books up to the device's batched writes and commits (synchronises the stream; "
           "call between replays before reading the books; not capturable).")
       .def(
@@ -193,7 +193,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const std::size_t layers = source < std::size(L::sources) ? L::sources[source].payload_layers : 0;
             const write_arrays w("append_view", slots_obj, rows_obj, layers_obj, first_obj, layers, 1);
             h.append_view(source, w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, max_rows,
-                          w.capacity, default_stream(s));
+                          w.capacity, default_stream(s, h.device()));
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("max_rows") = 1, nb::arg("stream") = nb::none(),
@@ -210,7 +210,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
              std::uint32_t max_rows, opt_stream backup, opt_stream s) {
             const write_arrays w("append_step_view", slots_obj, rows_obj, layers_obj, first_obj, Ops::step_layers(),
                                  rows_pitch == 0 ? 1 : std::size(L::sources), rows_pitch);
-            const auto stream = default_stream(s);
+            const auto stream = default_stream(s, h.device());
             h.append_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, rows_pitch,
                                max_rows, w.capacity, backup ? *backup : stream, stream);
           },
@@ -226,7 +226,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           "commit_step_view",
           [](Ops& h, nb::handle slots_obj, nb::handle accepted_obj, opt_stream backup, opt_stream s) {
             const auto [slots, accepted] = commit_arrays("commit_step_view", slots_obj, accepted_obj);
-            const auto stream = default_stream(s);
+            const auto stream = default_stream(s, h.device());
             h.commit_step_view(static_cast<const std::int32_t*>(slots.data()),
                                static_cast<const std::int32_t*>(accepted.data()),
                                static_cast<std::uint32_t>(elements(slots)), backup ? *backup : stream, stream);
@@ -241,7 +241,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const std::size_t layers = source < std::size(L::sources) ? L::sources[source].payload_layers : 0;
             const write_arrays w("stage_blocks_view", slots_obj, counts_obj, layers_obj, first_obj, layers, 1, 0, "counts");
             h.stage_blocks_view(source, w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride,
-                                max_block, w.capacity, default_stream(s));
+                                max_block, w.capacity, default_stream(s, h.device()));
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("counts"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("max_block") = 0, nb::arg("stream") = nb::none(),
@@ -255,14 +255,14 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const write_arrays w("stage_step_view", slots_obj, counts_obj, layers_obj, first_obj, Ops::step_layers(), 1, 0,
                                  "counts");
             h.stage_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, max_block,
-                              w.capacity, default_stream(s));
+                              w.capacity, default_stream(s, h.device()));
           },
           nb::arg("slots"), nb::arg("counts"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("max_block") = 0, nb::arg("stream") = nb::none(),
           "Draft blocks on every source in one launch (C++ stage_step over a stage_step_view): layer_rows "
           "int64 [step_layers] as append_step_view; capturable. Errors: check_errors.")
       .def(
-          "join_backup", [](Ops& h, opt_stream s) { h.join_backup(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "join_backup", [](Ops& h, opt_stream s) { h.join_backup(default_stream(s, h.device())); }, nb::arg("stream") = nb::none(),
           "Makes `stream` wait for the host backup of the last step-wide write (capturable).")
       .def_prop_ro("backup_pending", &Ops::backup_pending)
       .def(
@@ -271,7 +271,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const auto [slots, accepted] = commit_arrays("commit_view", slots_obj, accepted_obj);
             h.commit_view(source, static_cast<const std::int32_t*>(slots.data()),
                           static_cast<const std::int32_t*>(accepted.data()),
-                          static_cast<std::uint32_t>(elements(slots)), default_stream(s));
+                          static_cast<std::uint32_t>(elements(slots)), default_stream(s, h.device()));
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("accepted"), nb::arg("stream") = nb::none(),
           "Commits a speculative round's accepted counts, read on the device (C++ cuda::commit_view): "
@@ -285,7 +285,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const request_list ids = as_requests(requests);
             const auto [c, k] = batch_shape(sel, loc, ids.size(), where::cuda);
             h.resolve(source, ids.data(), c, static_cast<const std::int32_t*>(sel.data()),
-                      static_cast<std::int32_t*>(loc.data()), k, default_stream(s), mode);
+                      static_cast<std::int32_t*>(loc.data()), k, default_stream(s, h.device()), mode);
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("selections"), nb::arg("locations"),
           nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none(),
@@ -313,7 +313,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             h.resolve_view(source, static_cast<const std::int32_t*>(slots.data()),
                            static_cast<const std::int32_t*>(sel.data()), static_cast<std::int32_t*>(loc.data()), len,
                            static_cast<const std::uint32_t*>(count.data()), static_cast<std::uint32_t>(stride),
-                           static_cast<std::uint32_t>(cap), default_stream(s), mode);
+                           static_cast<std::uint32_t>(cap), default_stream(s, h.device()), mode);
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"), nb::arg("count"),
           nb::arg("lengths") = nb::none(), nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none(),
@@ -328,7 +328,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             h.resolve_view(source, reinterpret_cast<const std::int32_t*>(slots),
                            reinterpret_cast<const std::int32_t*>(sel), reinterpret_cast<std::int32_t*>(loc),
                            reinterpret_cast<const std::int32_t*>(lengths), reinterpret_cast<const std::uint32_t*>(count),
-                           stride, capacity, default_stream(s), mode);
+                           stride, capacity, default_stream(s, h.device()), mode);
           },
           nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"), nb::arg("count"),
           nb::arg("stride"), nb::arg("capacity"), nb::arg("lengths") = 0, nb::arg("mode") = copy_layers::all,
@@ -352,22 +352,22 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
                                        static_cast<std::int32_t*>(loc.data()),
                                        static_cast<const std::uint32_t*>(count.data()),
                                        static_cast<std::uint32_t>(stride), static_cast<std::uint32_t>(cap),
-                                       default_stream(s));
+                                       default_stream(s, h.device()));
           },
           nb::arg("iterations"), nb::arg("source"), nb::arg("slots"), nb::arg("selections"), nb::arg("locations"),
           nb::arg("count"), nb::arg("stream") = nb::none(),
           "Benchmark helper: host seconds per resolve_view call issued from C++ (python/benchmarks).")
       .def(
-          "check_errors", [](Ops& h, opt_stream s) { h.check_errors(default_stream(s)); }, nb::arg("stream") = nb::none(),
+          "check_errors", [](Ops& h, opt_stream s) { h.check_errors(default_stream(s, h.device())); }, nb::arg("stream") = nb::none(),
           "Synchronises the stream and raises the typed error of the first bad entry since the last check.")
       .def("last_stats", &Ops::last_stats, nb::arg("source"))
       .def("last_plan", &Ops::last_plan, nb::arg("source"))
       .def(
           "copy_follower",
-          [](Ops& h, std::size_t source, std::size_t layer, opt_stream s) { h.copy_follower(source, layer, default_stream(s)); },
+          [](Ops& h, std::size_t source, std::size_t layer, opt_stream s) { h.copy_follower(source, layer, default_stream(s, h.device())); },
           nb::arg("source"), nb::arg("layer"), nb::arg("stream") = nb::none())
       .def(
-          "release_staging", [](Ops& h, std::size_t source, opt_stream s) { h.release_staging(source, default_stream(s)); },
+          "release_staging", [](Ops& h, std::size_t source, opt_stream s) { h.release_staging(source, default_stream(s, h.device())); },
           nb::arg("source"), nb::arg("stream") = nb::none())
       .def("staging_holder", &Ops::staging_holder)
       .def(
@@ -375,7 +375,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
           [](Ops& h, request_id id, std::size_t source, nb::handle rows_obj, std::size_t count, opt_stream s) {
             const in_array rows = import_array<in_array>(rows_obj, "rows");
             const bool dev = rows_on_device(rows);
-            h.stage_block(id, source, rows.data(), elements(rows), count, dev, default_stream(s));
+            h.stage_block(id, source, rows.data(), elements(rows), count, dev, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count"), nb::arg("stream") = nb::none())
       .def(
@@ -388,7 +388,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const auto [c, kmax, k] = verify_shape(queries, loc, ids.size(), where::cuda);
             const auto widths = round_widths(query_counts, c, kmax);
             h.verify(source, ids.data(), c, widths.data(), kmax, static_cast<const std::int32_t*>(queries.data()),
-                     static_cast<std::int32_t*>(loc.data()), k, default_stream(s), mode);
+                     static_cast<std::int32_t*>(loc.data()), k, default_stream(s, h.device()), mode);
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("queries"), nb::arg("locations"),
           nb::arg("query_counts") = nb::none(), nb::arg("mode") = copy_layers::all, nb::arg("stream") = nb::none())
@@ -417,7 +417,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
                           static_cast<const std::int32_t*>(slots.data()), static_cast<const std::int32_t*>(queries.data()),
                           static_cast<const std::int32_t*>(lengths.data()), static_cast<const void* const*>(sel.data()),
                           static_cast<const void* const*>(loc.data()), static_cast<std::uint32_t>(cap),
-                          default_stream(s), mode);
+                          default_stream(s, h.device()), mode);
           },
           nb::arg("source"), nb::arg("count"), nb::arg("slots"), nb::arg("query_counts"), nb::arg("lengths"),
           nb::arg("selection_ptrs"), nb::arg("location_ptrs"), nb::arg("mode") = copy_layers::all,
@@ -430,7 +430,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def(
           "commit",
           [](Ops& h, request_id id, std::size_t source, std::size_t accepted, opt_stream s) {
-            h.commit(id, source, accepted, default_stream(s));
+            h.commit(id, source, accepted, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("accepted"), nb::arg("stream") = nb::none())
       .def("block_rows", &Ops::block_rows, nb::arg("request"), nb::arg("source"), nb::arg("count"))
@@ -439,13 +439,13 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def(
           "map_optional_page",
           [](Ops& h, request_id id, std::size_t source, std::size_t page, opt_stream s) {
-            return h.map_optional_page(id, source, page, default_stream(s));
+            return h.map_optional_page(id, source, page, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("page"), nb::arg("stream") = nb::none())
       .def(
           "unmap_optional_page",
           [](Ops& h, request_id id, std::size_t source, std::size_t page, opt_stream s) {
-            h.unmap_optional_page(id, source, page, default_stream(s));
+            h.unmap_optional_page(id, source, page, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("page"), nb::arg("stream") = nb::none())
       .def("free_optional_pages", &Ops::free_optional_pages, nb::arg("source"))
@@ -474,7 +474,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
       .def("lru_order_of", &Ops::lru_order_of)
       .def("optional_map_of", &Ops::optional_map_of)
       .def(
-          "synchronize", [](const Ops& h, opt_stream s) { h.synchronize(default_stream(s)); },
+          "synchronize", [](const Ops& h, opt_stream s) { h.synchronize(default_stream(s, h.device())); },
           nb::arg("stream") = nb::none());
 }
 
@@ -569,7 +569,7 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
           [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
             const auto r = import_rows_arg<L>(rows_obj, source, count);
-            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s));
+            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           nb::arg("stream") = nb::none(),

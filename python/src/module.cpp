@@ -64,15 +64,16 @@ void bind_errors(nb::module_& m) {
   });
 }
 
-std::uintptr_t default_stream(std::optional<std::uintptr_t> given) {
+std::uintptr_t default_stream(std::optional<std::uintptr_t> given, int device) {
   if (given) return *given;
   if (!stream_provider.is_valid() || stream_provider.is_none()) return 0;
-  return nb::cast<std::uintptr_t>(stream_provider());
+  return nb::cast<std::uintptr_t>(stream_provider(device));
 }
 
 void bind_types(nb::module_& m) {
   m.def("_set_stream_provider", [](nb::object f) { stream_provider = std::move(f); },
-        "Callable returning the CUDA stream handle used when a call is given none.");
+        "Callable taking a CUDA device ordinal and returning the stream handle that a call on an object "
+        "of that device uses when it is given none.");
   // Drop the provider before the interpreter tears the module down.
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { stream_provider = nb::object(); }));
 

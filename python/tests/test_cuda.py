@@ -219,6 +219,31 @@ def test_device_errors_are_raised_by_check_errors():
         h.append(1, 1, torch.zeros(33, dtype=torch.uint8, device="cuda"), count=1)
 
 
+def test_default_stream_is_of_the_objects_device():
+    """stream=None asks the provider for the object's own device (C++ side of the per-device default)."""
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, backend="cuda")
+    asked = []
+
+    def provider(device):
+        asked.append(device)
+        return dhisparse._current_stream(device)
+
+    dhisparse._core._set_stream_provider(provider)
+    try:
+        h.admit(1)
+        h.synchronize()
+    finally:
+        dhisparse._core._set_stream_provider(dhisparse._current_stream)
+    assert asked and set(asked) == {h.device}
+    if torch.cuda.device_count() > 1:  # an object of GPU 1 driven while GPU 0 is current
+        with torch.cuda.device(1):
+            other = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, backend="cuda")
+        assert other.device == 1 and torch.cuda.current_device() == 0
+        other.admit(1)
+        other.append(1, 1, torch.zeros((1, 4, 32), dtype=torch.uint8, device="cuda:1"))
+        other.synchronize()
+
+
 def test_cuda_speculative_round_and_residency():
     gen = torch.Generator().manual_seed(1)
     h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64, "max_block": 3}, backend="cuda")

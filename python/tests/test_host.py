@@ -317,3 +317,29 @@ def test_every_bound_operation_is_exercised():
         names = [n for n in dir(cls) if not n.startswith("_")]
         missing = [n for n in names if f".{n}" not in text.replace("type(h).requirements", ".requirements")]
         assert not missing, f"{cls.__name__}: not exercised: {missing}"
+
+
+def test_default_stream_is_torch_current_stream_of_the_objects_device(monkeypatch):
+    """With stream=None a call on an object of GPU d uses torch's current stream of d, not of the
+    current device (objects take only streams of their own GPU). A stand-in torch records what
+    the provider asks for; the CUDA tests check the C++ side passes the object's device."""
+    import sys
+    import types
+
+    asked = []
+
+    class Stream:
+        def __init__(self, device):
+            self.cuda_stream = 0x1000 + (0 if device is None else device)
+
+    def current_stream(device=None):
+        asked.append(device)
+        return Stream(device)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, current_stream=current_stream))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert dhisparse._current_stream(3) == 0x1003
+    assert dhisparse._current_stream() == 0x1000
+    assert asked == [3, None]
+    monkeypatch.delitem(sys.modules, "torch")
+    assert dhisparse._current_stream(3) == 0  # no torch: the legacy default stream
