@@ -1691,9 +1691,11 @@ class hierarchy {
     enqueue_read(stream_, out.data(), src_[source].staging_ptrs[layer], bytes);
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream_));
   }
-  /// The host copy of a row in the pinned store (host books, no CUDA call; its bytes are valid once
-  /// the appending stream has synchronised). Its address also tells which host page holds the row.
-  /// After batched writes the row must lie below the device frontier (read back, synchronising).
+  /// The host copy of a row in the pinned store, looked up in the host books. Its bytes are valid
+  /// once the appending stream has synchronised; its address also tells which host page holds the
+  /// row. It may synchronise: it first waits for an outstanding step-wide backup (`append_step` /
+  /// `commit_step` with a backup stream), and after batched writes it reads the device frontier
+  /// back (the row must lie below it). Not for use while the hierarchy's stream is captured.
   /// On a shared host store, throws host_copy_pending while the row's owner rank has not recorded
   /// it (docs/multi-gpu.md: batched writes count once the owner absorbed them).
   [[nodiscard]] std::span<const std::byte> host_row(request_id id, std::size_t source, std::size_t layer,
