@@ -545,6 +545,41 @@ TEST_CASE("objects of device 1 work while device 0 is current and refuse streams
     WARN("CUDA runtime older than 12.8: streams are not checked against the object's device");
 #endif
 
+    // Device memory of device 0 handed to an object of device 1. Where device 1 cannot reach
+    // device 0's memory: wrong_device before anything is launched (the kernel would fault on it),
+    // nothing changed. Where it can: the rows are read through peer access, which the engine
+    // enables (docs/integration.md), and the append is exact.
+    {
+      const auto r = make_rows<Layout>(1, 0, dev.frontier(1, 0), 1);
+      dhc::device_buffer<std::byte> rows0(r.size());  // device 0 is current
+      REQUIRE(rows0.device() == 0);
+      DHTEST_CUDA(cudaMemcpy(rows0.data(), r.data(), r.size(), cudaMemcpyHostToDevice));
+      int peer = 0;
+      DHTEST_CUDA(cudaDeviceCanAccessPeer(&peer, 1, 0));
+      if (peer == 0) {
+        const std::int64_t f = dev.frontier(1, 0);
+        REQUIRE_THROWS_AS(dev.append(1, 0, rows0.data(), 1, s1), dh::wrong_device);
+        REQUIRE(dev.frontier(1, 0) == f);
+        dhc::device_buffer<dhc::entry_stats> stats0(cfg.max_requests);
+        REQUIRE_THROWS_AS(dev.copy_stats_async(0, std::span<dhc::entry_stats>(stats0.data(), cfg.max_requests), s1),
+                          dh::wrong_device);
+      } else {
+        {
+          const use_device on(1);
+          const cudaError_t e = cudaDeviceEnablePeerAccess(0, 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+          else DHTEST_CUDA(e);
+        }
+        dev.append(1, 0, rows0.data(), 1, s1);
+        host.append(1, 0, r, 1);
+        DHTEST_CUDA(cudaStreamSynchronize(s1));
+        const use_device on(1);
+        DHTEST_CUDA(cudaDeviceDisablePeerAccess(0));
+      }
+      still_on_0("calls given memory of device 0");
+      require_same_state(host, dev, {1, 2, 3, 4});
+    }
+
     for (request_id id : {1u, 2u, 3u, 4u}) {
       dev.complete(id, s1);
       host.complete(id);
@@ -694,6 +729,13 @@ TEST_CASE("objects of device 1 work while device 0 is current and refuse streams
       still_on_0("the refused calls");
     }
 #endif
+    if (int peer = 0; cudaDeviceCanAccessPeer(&peer, 1, 0) == cudaSuccess && peer == 0) {
+      // rows in device memory of device 0, which device 1 cannot reach: wrong_device, nothing imported
+      dhc::device_buffer<std::byte> rows0(Layout::sources[0].payload_layers * Layout::sources[0].row_bytes);
+      REQUIRE_THROWS_AS(m.import_history(21, 0, rows0.data(), 1, s1), dh::wrong_device);
+      REQUIRE(m.imported_rows(21, 0) == static_cast<std::int64_t>(n));
+      still_on_0("import_history given memory of device 0");
+    }
     m.step().check_errors(s1);
     still_on_0("step().check_errors");
     m.complete(21);
@@ -730,6 +772,12 @@ TEST_CASE("objects of device 1 work while device 0 is current and refuse streams
     REQUIRE(ring.committed(0) == host.committed(0));
     REQUIRE_THROWS_AS(ring.check_errors(s0), dh::wrong_device);
 #endif
+    if (int peer = 0; cudaDeviceCanAccessPeer(&peer, 1, 0) == cudaSuccess && peer == 0) {
+      // a destination in device memory of device 0, which device 1 cannot reach: wrong_device
+      dhc::device_buffer<dh::draft_slot_state> books0(cfg.slots);
+      REQUIRE_THROWS_AS(ring.copy_books_async(std::span<dh::draft_slot_state>(books0.data(), cfg.slots), s1),
+                        dh::wrong_device);
+    }
     host.commit(0, 1);
     ring.commit(0, 1, s1);
     still_on_0("draft ring commit");

@@ -389,9 +389,10 @@ class draft_ring_store : public ::dhisparse::detail::draft_ring_store_base<Ring>
             static_cast<std::uint32_t>(cfg_.slots)};
   }
   template <class T>
-  static T* device_target(T* p) {
+  T* device_target(T* p) const {
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) (void)cudaGetLastError();
+    detail::check_memory_device(attr, device_, "copy_books_async", "the destination");
     if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return p;
     if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) return static_cast<T*>(attr.devicePointer);
     throw invalid_configuration("copy_books_async: the destination must be device memory or pinned mapped host "

@@ -2564,6 +2564,7 @@ class hierarchy {
   void check_device_accessible(const std::byte* rows, const char* call) const {
     cudaPointerAttributes attr{};
     DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    detail::check_memory_device(attr, device_, call, "the rows");
     if (attr.type == cudaMemoryTypeUnregistered && !pageable_access_)
       throw invalid_configuration(std::string(call) + ": rows must be device-accessible (device or pinned memory); "
                                   "use the std::span overload for pageable host memory");
@@ -2652,6 +2653,7 @@ class hierarchy {
     if (n == 0) return p;
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) (void)cudaGetLastError();
+    detail::check_memory_device(attr, device_, call, "the destination");
     if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return p;
     if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) return static_cast<T*>(attr.devicePointer);
     if (pageable_access_) return p;

@@ -925,6 +925,7 @@ class residency_manager {
   void check_device_accessible(const std::byte* rows) const {
     cudaPointerAttributes attr{};
     DHISPARSE_CUDA_TRY(cudaPointerGetAttributes(&attr, rows));
+    detail::check_memory_device(attr, h_.device(), "residency: import_history", "the rows");
     if (attr.type != cudaMemoryTypeUnregistered) return;
     int pageable = 0;
     DHISPARSE_CUDA_TRY(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, h_.device()));

@@ -45,6 +45,24 @@ inline void check_stream_device(cudaStream_t stream, int device) {
 #endif
 }
 
+/// Throws wrong_device when memory a kernel of `device` reads or writes (`attr`, from
+/// cudaPointerGetAttributes) is device memory of a GPU that `device` cannot access at all: the
+/// launch would fault on an illegal address and leave the context unusable. Peer memory of a GPU
+/// it can reach passes (the engine enables peer access; the runtime cannot tell whether it did),
+/// as do managed and host memory. The message names `call` and its argument `what`.
+inline void check_memory_device(const cudaPointerAttributes& attr, int device, const char* call, const char* what) {
+  if (attr.type != cudaMemoryTypeDevice || attr.device == device) return;
+  int peer = 0;
+  if (cudaDeviceCanAccessPeer(&peer, device, attr.device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; treat as unreachable
+    peer = 0;
+  }
+  if (peer == 0)
+    throw wrong_device(std::string(call) + ": " + what + " is device memory of device " + std::to_string(attr.device) +
+                       ", which device " + std::to_string(device) +
+                       " (the object's) cannot access; copy it to that device first");
+}
+
 /// Makes `device` the calling thread's current device for the guard's scope and restores the
 /// previous one at its end. cudaSetDevice is called only when the devices differ, so a guard on
 /// a thread already on the right device costs one cudaGetDevice. Not copyable, not movable: a
