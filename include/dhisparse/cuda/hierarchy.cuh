@@ -2297,6 +2297,16 @@ class hierarchy {
       src.verified.assign(cfg_.max_requests, 0);
       src.partial.assign(cfg_.max_requests, 0);
     }
+#ifdef DHISPARSE_TEST_FIRST_EPOCH
+    // Test hook, compiled out by default: resolves and verifies counted from just below the
+    // 32-bit epoch wrap (tests/cuda/resolver_epoch_wrap.cu).
+    {
+      control_block c{};
+      c.epoch = DHISPARSE_TEST_FIRST_EPOCH;
+      DHISPARSE_CUDA_TRY(cudaMemcpyAsync(w.control, &c, sizeof c, cudaMemcpyHostToDevice, stream_));
+      if (speculative()) DHISPARSE_CUDA_TRY(cudaMemcpyAsync(src.vws.control, &c, sizeof c, cudaMemcpyHostToDevice, stream_));
+    }
+#endif
 
     DHISPARSE_CUDA_TRY(detail::launch_reset_slots(v, 0u, static_cast<unsigned>(cfg_.max_requests), stream_));
 

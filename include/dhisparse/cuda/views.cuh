@@ -71,7 +71,7 @@ struct alignas(8) control_block {
   /// Resolver: arrivals and departures of the launch's CTAs. `done` and `epoch` form one 64-bit
   /// word (done low): a CTA reads the epoch and counts its arrival with one atomic.
   std::uint32_t done = 0;
-  std::uint32_t epoch = 0;         ///< launches completed
+  std::uint32_t epoch = 0;         ///< launches completed, counted with `detail::next_epoch` (wraps to 1)
   std::uint32_t last_layers = 0;   ///< payload layers the last launch copied
   std::uint32_t sticky_epoch = 0;  ///< first launch with a bad entry since errors were last checked
   std::uint32_t overflow = 0;      ///< a batch count above capacity seen since the last check (the count)
@@ -80,6 +80,14 @@ struct alignas(8) control_block {
 
 static_assert(offsetof(control_block, done) % 8 == 0 && offsetof(control_block, epoch) == offsetof(control_block, done) + 4,
               "dhisparse: the resolver updates control_block::done and ::epoch as one 64-bit word");
+
+namespace detail {
+/// The epoch after `e`. Epochs wrap from 2^32 - 1 to 1, never to 0: the per-entry words stamped
+/// with a launch's epoch (the resolver's `ready` and `claim`, `sticky_epoch`) start at 0 and mean
+/// "no launch yet", so a launch numbered 0 would take every never-used entry for one of its own.
+DHISPARSE_HD constexpr std::uint32_t next_epoch(std::uint32_t e) { return e == 0xFFFFFFFFu ? 1u : e + 1u; }
+static_assert(next_epoch(0) == 1 && next_epoch(41) == 42 && next_epoch(0xFFFFFFFFu) == 1);
+}  // namespace detail
 
 /// Reverse-map value of a row that is not in the hot cache (all bits set).
 template <class OrderIndex>

@@ -1278,7 +1278,7 @@ __global__ void __launch_bounds__(Traits::block_threads, Traits::min_blocks_per_
                                    .fetch_add(1u, ::cuda::memory_order_relaxed);
     const unsigned requested = __ldcg(batch.count);
     const unsigned C = requested < cap ? requested : cap;
-    const unsigned epoch = static_cast<unsigned>(word >> 32) + 1u;
+    const unsigned epoch = next_epoch(static_cast<unsigned>(word >> 32));
     arrived = static_cast<unsigned>(word);
     sh.batch_count = C;
     sh.epoch = epoch;

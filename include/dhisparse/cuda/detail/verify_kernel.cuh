@@ -92,7 +92,7 @@ __device__ void verify_entry(const source_view<OrderIndex>& src, const verify_wo
   const location_space space = src.space;
   // Round trip 1: slot, K_r, liveness and frontier.
   if (tid == 0) {
-    s_epoch = __ldcg(&ws.control->epoch) + 1u;
+    s_epoch = next_epoch(__ldcg(&ws.control->epoch));
     const int slot = batch.slots[t];
     const int kr = batch.queries[t];
     int code = status_ok;
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(verify_copy_threads)
   const unsigned lane = threadIdx.x & 31u;
   scan_rows_copied(ws.stats, C, prefix);
   __syncthreads();
-  if (finish && blockIdx.x == 0 && threadIdx.x == 0) ws.control->epoch = ws.control->epoch + 1u;  // the verify's epoch
+  if (finish && blockIdx.x == 0 && threadIdx.x == 0) ws.control->epoch = next_epoch(ws.control->epoch);  // the verify's epoch
   const std::uint64_t total = static_cast<std::uint64_t>(prefix[C]) * layers;
   const unsigned vecs = src.row_bytes / 16u;
   const std::uint64_t layer_host_stride = static_cast<std::uint64_t>(src.page_rows) * src.row_bytes;

@@ -146,7 +146,7 @@ __device__ inline void finish_write_cta(const write_workspace_view& ws) {
   __threadfence();
   if (atomicAdd(&ws.control->done, 1u) == gridDim.x - 1) {
     ws.control->done = 0;
-    atomicAdd(&ws.control->epoch, 1u);
+    atomicExch(&ws.control->epoch, next_epoch(ws.control->epoch));
   }
 }
 
