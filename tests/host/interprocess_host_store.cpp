@@ -19,7 +19,6 @@
 #include <dhisparse/layouts/tiny.hpp>
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/process_barrier.hpp"
 #include "../support/row_content.hpp"
 
 namespace {
@@ -72,23 +72,6 @@ struct unique_name {
   ~unique_name() { Store::remove(name); }
 };
 
-/// A barrier of both processes, in anonymous shared memory made before fork().
-struct process_barrier {
-  pthread_barrier_t* b = nullptr;
-  explicit process_barrier(unsigned n) {
-    void* p = mmap(nullptr, sizeof(pthread_barrier_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    b = static_cast<pthread_barrier_t*>(p);
-    pthread_barrierattr_t a;
-    pthread_barrierattr_init(&a);
-    pthread_barrierattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_barrier_init(b, &a, n);
-    pthread_barrierattr_destroy(&a);
-  }
-  ~process_barrier() { munmap(b, sizeof(pthread_barrier_t)); }
-  void wait() { pthread_barrier_wait(b); }
-};
-
 /// Runs `child` in a forked process (its return value is the exit status, 99 for an exception) and
 /// `parent` here; returns the child's exit status.
 int fork_and_run(const std::function<int()>& child, const std::function<void()>& parent = [] {}) {
@@ -121,7 +104,7 @@ std::int64_t script_rows() {
 
 /// One rank's script; returns its count of failures (wrong bytes, a wrong count). Rank 0 also checks
 /// the store's counters at the points where both ranks are past their writes.
-std::size_t run_rank(Store& store, std::size_t rank, process_barrier& sync) {
+std::size_t run_rank(Store& store, std::size_t rank, rc::process_barrier& sync) {
   std::size_t failures = 0;
   H h(config(), store, rank);
   std::mt19937_64 rng(99);  // the same selections on both ranks
@@ -184,7 +167,7 @@ TEST_CASE("two processes share one store by name", "[host][shared_store][interpr
   CHECK(creator.creator());
   CHECK(creator.ranks() == kRanks);
   CHECK(creator.request_capacity() == kRanks * Store::default_requests_per_rank);
-  process_barrier sync(2);
+  rc::process_barrier sync(2);
   std::size_t parent_failures = 0;
   const int child = fork_and_run(
       [&] {
@@ -260,7 +243,7 @@ TEST_CASE("interprocess store misuse throws typed errors with the state unchange
   SECTION("a rank bound in another process; a request capacity too small") {
     unique_name n("bound");
     const auto creator = Store::create(n.name, 2, kHostPages, /*request_capacity=*/2 * kSlots);
-    process_barrier sync(2);
+    rc::process_barrier sync(2);
     const int child = fork_and_run(
         [&] {
           auto store = Store::open(n.name);
