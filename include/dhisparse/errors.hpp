@@ -47,6 +47,9 @@ enum class errc {
   host_copy_pending,         ///< a rank needs a row's host copy from a shared host store before its owner rank wrote it
   // Device affinity (appended, same reason).
   wrong_device,              ///< a stream of another device than the one the CUDA object was created on
+  // Stores shared across processes (appended, same reason).
+  shared_memory_error,       ///< a shared memory call failed: a store's name missing, taken or not initialised, no permission or no memory
+  lock_owner_died,           ///< a process died holding a shared host store's lock (mid-update): its books cannot be trusted
 };
 
 /// Short name of an error category, for messages and logs.
@@ -83,6 +86,8 @@ constexpr const char* to_string(errc e) noexcept {
     case errc::suffix_misaligned: return "suffix_misaligned";
     case errc::host_copy_pending: return "host_copy_pending";
     case errc::wrong_device: return "wrong_device";
+    case errc::shared_memory_error: return "shared_memory_error";
+    case errc::lock_owner_died: return "lock_owner_died";
   }
   return "unknown";
 }
@@ -139,6 +144,8 @@ using prefix_budget_exceeded = typed_error<errc::prefix_budget_exceeded>;
 using suffix_misaligned = typed_error<errc::suffix_misaligned>;
 using host_copy_pending = typed_error<errc::host_copy_pending>;
 using wrong_device = typed_error<errc::wrong_device>;
+using shared_memory_error = typed_error<errc::shared_memory_error>;
+using lock_owner_died = typed_error<errc::lock_owner_died>;
 
 /// Throws the typed error that matches `code`.
 [[noreturn]] inline void throw_error(errc code, const std::string& what) {
@@ -174,6 +181,8 @@ using wrong_device = typed_error<errc::wrong_device>;
     case errc::suffix_misaligned: throw suffix_misaligned(what);
     case errc::host_copy_pending: throw host_copy_pending(what);
     case errc::wrong_device: throw wrong_device(what);
+    case errc::shared_memory_error: throw shared_memory_error(what);
+    case errc::lock_owner_died: throw lock_owner_died(what);
   }
   throw error(code, what);
 }

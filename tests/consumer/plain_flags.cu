@@ -9,6 +9,7 @@
 #include <dhisparse/cuda/draft_ring_store.cuh>
 #include <dhisparse/cuda/error.cuh>
 #include <dhisparse/cuda/hierarchy.cuh>
+#include <dhisparse/cuda/interprocess_host_store.cuh>
 #include <dhisparse/cuda/residency_manager.cuh>
 #include <dhisparse/cuda/verify_batch.cuh>
 #include <dhisparse/cuda/verify_views.cuh>
@@ -32,4 +33,5 @@ template class dh::cuda::hierarchy<dh::layouts::tiny, dh::lru_hot_cache<32>, dh:
 template class dh::cuda::residency_manager<dedicated>;
 template class dh::cuda::residency_manager<shared>;
 template class dh::cuda::draft_ring_store<dh::draft_ring<16, 4, 8>>;
+template class dh::cuda::interprocess_pinned_host_store<dh::layouts::tiny>;
 template struct dh::cuda::draft_ring_step_ref<dh::draft_ring<16, 4, 8>>;  // its device members

@@ -1837,7 +1837,7 @@ class hierarchy {
   hierarchy(const hierarchy_config& cfg, cudaStream_t stream, const adopted_stores& adopted,
             dhisparse::detail::shared_store_books* shared = nullptr, std::size_t rank = 0)
       : cfg_(normalised(cfg)), stream_(stream), registry_(cfg_.max_requests), id_of_slot_(cfg_.max_requests) {
-    if (shared) binding_ = dhisparse::detail::shared_rank(shared, rank);  // claim the rank first; given back on a throw
+    if (shared) binding_ = dhisparse::detail::shared_rank(shared, rank, cfg_.max_requests);  // claim the rank first; given back on a throw
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");

@@ -48,13 +48,15 @@ template <KvLayout Layout>
 class pinned_shared_host_store : private detail::pinned_store_bytes<Layout>, public shared_host_store<Layout> {
  public:
   /// A store of `host_pages` pages per source for `ranks` ranks (1..64), pinned with cudaHostAlloc
-  /// (portable, mapped; page-aligned). Throws invalid_configuration (rank count, no pages) or
-  /// device_error (allocation).
-  pinned_shared_host_store(std::size_t ranks, std::size_t host_pages)
+  /// (portable, mapped; page-aligned), holding `request_capacity` requests at once (0: `ranks *
+  /// default_requests_per_rank`; see `shared_host_store`). Throws invalid_configuration (rank
+  /// count, no pages, capacity) or device_error (allocation).
+  pinned_shared_host_store(std::size_t ranks, std::size_t host_pages, std::size_t request_capacity = 0)
       : detail::pinned_store_bytes<Layout>(host_pages),
         shared_host_store<Layout>(ranks, host_pages,
                                   host_pages == 0 ? std::span<const std::span<std::byte>>{}
-                                                  : std::span<const std::span<std::byte>>(this->spans)) {}
+                                                  : std::span<const std::span<std::byte>>(this->spans),
+                                  request_capacity) {}
 };
 
 }  // namespace dhisparse::cuda

@@ -32,10 +32,11 @@ inline hierarchy_config shared_config(hierarchy_config cfg, std::size_t store_pa
 class shared_rank {
  public:
   shared_rank() = default;
-  /// Claims `rank` of `books`; throws invalid_configuration when it is out of range or taken.
-  shared_rank(shared_store_books* books, std::size_t rank) : rank_(rank) {
+  /// Claims `rank` of `books` for a hierarchy of `max_requests` requests; throws
+  /// invalid_configuration when it is out of range or taken, or the store holds too few requests.
+  shared_rank(shared_store_books* books, std::size_t rank, std::size_t max_requests) : rank_(rank) {
     const std::scoped_lock lock(books->mutex());
-    books->bind(rank);
+    books->bind(rank, max_requests);
     books_ = books;
   }
   shared_rank(const shared_rank& o) : rank_(o.rank_) { refuse_copy(o); }
@@ -60,8 +61,8 @@ class shared_rank {
   [[nodiscard]] shared_store_books* books() const { return books_; }
   [[nodiscard]] std::size_t rank() const { return rank_; }
   /// The store's lock for a call that touches its books (an empty lock without one).
-  [[nodiscard]] std::unique_lock<std::mutex> lock() const {
-    return books_ ? std::unique_lock<std::mutex>(books_->mutex()) : std::unique_lock<std::mutex>();
+  [[nodiscard]] std::unique_lock<region_mutex> lock() const {
+    return books_ ? std::unique_lock<region_mutex>(books_->mutex()) : std::unique_lock<region_mutex>();
   }
 
   /// True when the rank may attach to request `id` now (lock held): false while an earlier history
@@ -120,8 +121,11 @@ class shared_rank {
   }
   void leave() noexcept {
     if (!books_) return;
-    const std::scoped_lock lock(books_->mutex());
-    books_->unbind(rank_);
+    try {
+      const std::scoped_lock lock(books_->mutex());
+      books_->unbind(rank_);
+    } catch (const error&) {  // lock_owner_died: the books are not to be trusted, nothing to give back
+    }
     books_ = nullptr;
   }
 

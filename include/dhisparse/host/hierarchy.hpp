@@ -420,7 +420,7 @@ class host_hierarchy {
     src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: the owned rows
   }
   /// The shared store's lock for a call that touches its books (an empty lock without one).
-  [[nodiscard]] std::unique_lock<std::mutex> shared_lock() const { return binding_.lock(); }
+  [[nodiscard]] std::unique_lock<detail::region_mutex> shared_lock() const { return binding_.lock(); }
   /// Shared host store: every selected row a call may read from the host store (outside the tail
   /// window, in no ready optional page) must have its host copy. A row without one is in no hot
   /// cache either (hot rows came from the host store), so this refuses exactly the reads that would
@@ -1066,7 +1066,7 @@ class host_hierarchy {
   host_hierarchy(const hierarchy_config& cfg, std::span<const std::span<std::byte>> host_stores, bool adopt,
                  detail::shared_store_books* shared = nullptr, std::size_t rank = 0)
       : cfg_(normalised(cfg)), registry_(cfg_.max_requests) {
-    if (shared) binding_ = detail::shared_rank(shared, rank);  // claim the rank first; given back if anything below throws
+    if (shared) binding_ = detail::shared_rank(shared, rank, cfg_.max_requests);  // claim the rank first; given back if anything below throws
     space_ = make_space(cfg_);
     if (!space_.addressable())
       throw invalid_configuration("GPU pool of " + std::to_string(space_.rows()) + " rows exceeds int32 locations");

@@ -65,15 +65,21 @@ class shared_host_store {
   /// Alignment an adopted store needs (that of the hierarchies' adopted stores).
   static constexpr std::size_t alignment = 16;
 
+  /// Requests per rank a store holds when no request capacity is given: `ranks * 256` in all.
+  static constexpr std::size_t default_requests_per_rank = 256;
+
   /// A store of `host_pages` pages per source for `ranks` ranks (1..64), allocating its bytes.
-  /// Throws invalid_configuration for a rank count out of range or no pages.
-  shared_host_store(std::size_t ranks, std::size_t host_pages)
-      : shared_host_store(ranks, host_pages, std::span<const std::span<std::byte>>{}, false) {}
+  /// `request_capacity`: requests the store holds at once (0: `ranks * default_requests_per_rank`);
+  /// a rank's hierarchy needs `ranks * cfg.max_requests <= request_capacity`. Throws
+  /// invalid_configuration for a rank count out of range, no pages or a capacity out of range.
+  shared_host_store(std::size_t ranks, std::size_t host_pages, std::size_t request_capacity = 0)
+      : shared_host_store(ranks, host_pages, std::span<const std::span<std::byte>>{}, false, request_capacity) {}
   /// As above over caller memory: one span per source of at least `store_bytes(host_pages, s)`
   /// bytes, `alignment`-aligned (pinned and mapped for every GPU on a GPU machine), outliving the
   /// store. Throws size_mismatch or invalid_configuration before anything is built.
-  shared_host_store(std::size_t ranks, std::size_t host_pages, std::span<const std::span<std::byte>> stores)
-      : shared_host_store(ranks, host_pages, stores, true) {}
+  shared_host_store(std::size_t ranks, std::size_t host_pages, std::span<const std::span<std::byte>> stores,
+                    std::size_t request_capacity = 0)
+      : shared_host_store(ranks, host_pages, stores, true, request_capacity) {}
 
   shared_host_store(const shared_host_store&) = delete;
   shared_host_store& operator=(const shared_host_store&) = delete;
@@ -82,6 +88,9 @@ class shared_host_store {
   [[nodiscard]] std::size_t ranks() const { return books_.ranks(); }
   /// Host pages per source.
   [[nodiscard]] std::size_t host_pages() const { return host_pages_; }
+  /// Requests the store holds at once (a request counts from its first rank's admit to its last
+  /// rank's complete).
+  [[nodiscard]] std::size_t request_capacity() const { return books_.request_capacity(); }
   /// The rank that writes history page `page`'s host copy: `page mod ranks()`.
   [[nodiscard]] std::size_t owner(std::size_t page) const { return books_.owner(page); }
 
@@ -95,10 +104,7 @@ class shared_host_store {
   [[nodiscard]] std::size_t host_bytes_in_use() const {
     std::scoped_lock lock(books_.mutex());
     std::size_t n = 0;
-    for (std::size_t s = 0; s < sources; ++s) {
-      const auto& st = books_.store(s);
-      n += (st.total_pages() - st.free_pages()) * st.page_bytes();
-    }
+    for (std::size_t s = 0; s < sources; ++s) n += (host_pages_ - books_.free_pages(s)) * books_.store(s).page_bytes();
     return n;
   }
   /// Free host pages of a source.
@@ -161,12 +167,27 @@ class shared_host_store {
   /// The books the ranks' hierarchies share (library internal).
   [[nodiscard]] detail::shared_store_books& books() { return books_; }
 
+ protected:
+  /// The shape of a store of this layout (the books' layout fingerprint).
+  static detail::shared_store_books::shape make_shape(std::size_t ranks, std::size_t host_pages,
+                                                      std::size_t request_capacity) {
+    detail::shared_store_books::shape sh{ranks, host_pages, request_capacity, {}};
+    if (sh.request_capacity == 0 && ranks <= max_ranks) sh.request_capacity = ranks * default_requests_per_rank;
+    for (std::size_t s = 0; s < sources; ++s)
+      sh.sources.push_back({page_rows, Layout::sources[s].payload_layers, Layout::sources[s].row_bytes});
+    return sh;
+  }
+  /// Over caller memory holding the books' region and every source's bytes (an interprocess store's
+  /// mapping): `create` builds fresh books there, else opens the books another process built
+  /// (checked against `sh`). Throws as the public constructors, and invalid_configuration when an
+  /// opened region was built for another layout.
+  shared_host_store(std::span<std::byte> region, std::span<const std::span<std::byte>> stores,
+                    const detail::shared_store_books::shape& sh, bool create)
+      : host_pages_(sh.host_pages), books_(make_books(sh, stores, true, create, region)) {}
+
  private:
   static std::vector<host_store> make_stores(std::size_t host_pages, std::span<const std::span<std::byte>> stores,
                                              bool adopt, std::array<std::vector<std::byte>, sources>& own) {
-    if (host_pages == 0) throw invalid_configuration("a shared host store needs at least one page per source");
-    if (host_pages > static_cast<std::size_t>(INT32_MAX))
-      throw invalid_configuration("host_pages exceeds int32 page ids");
     if (adopt) {
       if (stores.size() != sources)
         throw size_mismatch("shared host store: " + std::to_string(stores.size()) + " spans given, the layout has " +
@@ -195,8 +216,26 @@ class shared_host_store {
     }
     return out;
   }
-  shared_host_store(std::size_t ranks, std::size_t host_pages, std::span<const std::span<std::byte>> stores, bool adopt)
-      : host_pages_(host_pages), books_(ranks, make_stores(host_pages, stores, adopt, own_)) {}
+  /// The books over `region`, or over a region of their own on the heap (in-process stores).
+  detail::shared_store_books make_books(const detail::shared_store_books::shape& sh,
+                                        std::span<const std::span<std::byte>> stores, bool adopt, bool create,
+                                        std::span<std::byte> region) {
+    detail::shared_store_books::check_shape(sh);  // before any byte is allocated
+    if (region.empty()) {
+      const std::size_t n = detail::shared_store_books::region_bytes(sh) + detail::shared_store_books::region_alignment;
+      region_.resize(n);
+      const auto misaligned = reinterpret_cast<std::uintptr_t>(region_.data()) % detail::shared_store_books::region_alignment;
+      region = std::span(region_).subspan(misaligned ? detail::shared_store_books::region_alignment - misaligned : 0,
+                                          n - detail::shared_store_books::region_alignment);
+    }
+    auto st = make_stores(sh.host_pages, stores, adopt, own_);
+    if (create) return detail::shared_store_books(region, sh, std::move(st));
+    return detail::shared_store_books(region, sh, std::move(st), true);
+  }
+  shared_host_store(std::size_t ranks, std::size_t host_pages, std::span<const std::span<std::byte>> stores, bool adopt,
+                    std::size_t request_capacity)
+      : host_pages_(host_pages),
+        books_(make_books(make_shape(ranks, host_pages, request_capacity), stores, adopt, true, {})) {}
   static void check_source(std::size_t source) {
     if (source >= sources)
       throw invalid_source("source " + std::to_string(source) + " outside the layout's " + std::to_string(sources));
@@ -204,6 +243,7 @@ class shared_host_store {
 
   std::size_t host_pages_ = 0;
   std::array<std::vector<std::byte>, sources> own_;  // the bytes, when not adopted (declared before books_)
+  std::vector<std::byte> region_;                    // the books' region, when in this process's heap (ditto)
   detail::shared_store_books books_;
 };
 
