@@ -569,7 +569,7 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
           [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
             const auto r = import_rows_arg<L>(rows_obj, source, count);
-            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, h.device()));
+            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, mgr.hierarchy().device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           nb::arg("stream") = nb::none(),
