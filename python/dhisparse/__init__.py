@@ -82,19 +82,105 @@ def _lookup(kind: str, layout: str, backend: str, suffix: str = ""):
     return getattr(_core, f"{prefix}{kind}_{layout}{suffix}")
 
 
+def _store_classes():
+    return tuple(getattr(_core, n) for n in dir(_core)
+                 if n.startswith(("HostSharedHostStore_", "HostInterprocessHostStore_",
+                                  "CudaSharedHostStore_", "CudaInterprocessHostStore_")))
+
+
+def _check_store(store, rank, layout: str, backend: str):
+    """The store and rank a hierarchy is built over: both given, a store of `layout` and `backend`."""
+    if store is None:
+        raise ValueError("Hierarchy: rank= needs store= (a SharedHostStore or an InterprocessHostStore)")
+    if rank is None:
+        raise ValueError("Hierarchy: store= needs rank= (this hierarchy's rank on the store)")
+    if not isinstance(store, _store_classes()):
+        raise TypeError(f"Hierarchy: store= must be a SharedHostStore or an InterprocessHostStore, "
+                        f"got {type(store).__name__}")
+    if store.layout["name"] != layout:
+        raise ValueError(f"Hierarchy: the store was made for layout {store.layout['name']!r}, "
+                         f"not {layout!r}")
+    if store.backend != backend:
+        raise ValueError(f"Hierarchy: a backend={backend!r} hierarchy needs a store made with "
+                         f"backend={backend!r}, got a {store.backend!r} store"
+                         + (" (CUDA ranks need its pinned, mapped bytes)" if backend == "cuda" else ""))
+
+
 def Hierarchy(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None, *,
-              backend: str = "host", stream: Optional[int] = None):
+              backend: str = "host", stream: Optional[int] = None, store=None, rank: Optional[int] = None):
     """A hierarchy of `layout` ('tiny', 'glm53', 'deepseek_v41_flash') with lru_hot_cache<B>
     (B = LAYOUTS[layout]), fixed-budget residency and dedicated staging.
 
     `config` mirrors C++ hierarchy_config: HierarchyConfig, a dict or a dataclass with the same
     fields. The CUDA backend's default stream is `stream` (default: torch's current stream).
+
+    With `store` (a SharedHostStore or an InterprocessHostStore of the same layout and backend)
+    and `rank`, the hierarchy is rank `rank` of the tensor-parallel ranks sharing that store
+    (docs/multi-gpu.md): it keeps no host store of its own and writes the host copies of the
+    history pages it owns. `config.host_pages` is 0 or the store's. The hierarchy keeps the store
+    alive; the rank is bound until the hierarchy is freed.
     """
     cls = _lookup("Hierarchy", layout, backend)
     cfg = _config(HierarchyConfig, config, "config")
+    args = (cfg,)
+    if store is not None or rank is not None:
+        _check_store(store, rank, layout, backend)
+        args = (cfg, store, rank)
     if backend == "cuda":
-        return cls(cfg, _current_stream() if stream is None else stream)
-    return cls(cfg)
+        return cls(*args, _current_stream() if stream is None else stream)
+    return cls(*args)
+
+
+def SharedHostStore(layout: str, ranks: int, host_pages: int, request_capacity: int = 0, *,
+                    backend: str = "host"):
+    """One host store for the `ranks` tensor-parallel hierarchies of one process (C++
+    shared_host_store<L>; on backend='cuda' cuda::pinned_shared_host_store<L>, pinned, portable and
+    mapped for every GPU): `host_pages` pages per source, `request_capacity` requests held at once
+    (0: ranks x 256). Build each rank's hierarchy with Hierarchy(layout, config, store=, rank=)."""
+    return _lookup("SharedHostStore", layout, backend)(ranks, host_pages, request_capacity)
+
+
+class InterprocessHostStore:
+    """A shared host store in POSIX shared memory, for ranks in different processes (one process per
+    GPU; C++ interprocess_host_store<L>, on backend='cuda' cuda::interprocess_pinned_host_store<L>,
+    registered with CUDA in each process). Made by its factories, not by calling the class:
+
+    - ``InterprocessHostStore.create(layout, name, ranks, host_pages, request_capacity=0, backend=)``:
+      once (launcher or rank 0), a name that must be new; the creating object unlinks the name
+      when it is freed.
+    - ``InterprocessHostStore.open(layout, name, timeout_ms=10000, backend=)``: in each rank's
+      process; waits up to `timeout_ms` for the creator to finish, checks the layout.
+    - ``InterprocessHostStore.remove(name)``: unlinks a name left by a creator that died.
+
+    Names are "/name" or "name". The store's object must outlive the process's hierarchies over it
+    (each Hierarchy built on it keeps it alive). Errors: SharedMemoryError (name taken or missing,
+    not initialised in time), InvalidConfiguration (malformed name, another layout), LockOwnerDied
+    (a process died inside an update: make a new store)."""
+
+    #: How long open() waits by default for the creator, in milliseconds.
+    DEFAULT_OPEN_TIMEOUT_MS = 10000
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("InterprocessHostStore is made by InterprocessHostStore.create(...) or .open(...)")
+
+    @staticmethod
+    def create(layout: str, name: str, ranks: int, host_pages: int, request_capacity: int = 0, *,
+               backend: str = "host"):
+        return _lookup("InterprocessHostStore", layout, backend).create(name, ranks, host_pages, request_capacity)
+
+    @staticmethod
+    def open(layout: str, name: str, *, timeout_ms: int = DEFAULT_OPEN_TIMEOUT_MS, backend: str = "host"):
+        return _lookup("InterprocessHostStore", layout, backend).open(name, timeout_ms)
+
+    @staticmethod
+    def remove(name: str) -> bool:
+        """Unlinks `name`; True when it existed. Processes that mapped the store keep their mapping."""
+        return _core.HostInterprocessHostStore_tiny.remove(name)
+
+    @staticmethod
+    def mapping_bytes(layout: str, ranks: int, host_pages: int, request_capacity: int = 0) -> int:
+        """Bytes of shared memory a store of `layout` and this shape takes."""
+        return _lookup("InterprocessHostStore", layout, "host").mapping_bytes(ranks, host_pages, request_capacity)
 
 
 class ManagedHierarchy:
@@ -120,6 +206,7 @@ class ManagedHierarchy:
         "hot_rows_of", "lru_order_of", "optional_map_of", "device", "stream", "programmatic_launch",
         "contains_prefix", "prefix_rows", "retained_prefixes", "prefix_pages_held",
         "synchronize", "backup_pending", "step_layers", "step_layer_index",
+        "shares_host_store", "rank", "host_store_bytes", "host_bytes_in_use",
     })
 
     __slots__ = ("_inner", "__weakref__")
@@ -207,7 +294,7 @@ def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, An
 
 
 __all__ = [
-    "Hierarchy", "ResidencyManager", "ManagedHierarchy", "layer_pointers", "verify_pointers", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
+    "Hierarchy", "ResidencyManager", "SharedHostStore", "InterprocessHostStore", "ManagedHierarchy", "layer_pointers", "verify_pointers", "HierarchyConfig", "ResidencyConfig", "CopyLayers", "AdmitStatus",
     "Admission", "ResidencyAdmission", "ResidencyLedger", "ResidencyCounters", "ResolveStats",
     "VerifyStats", "PlannedCopy", "DhisparseError", "ERRORS", "LAYOUTS", "POLICIES", "CUDA_BUILT",
     *ERRORS,

@@ -126,6 +126,21 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
   using L = typename Ops::layout_type;
   nb::class_<Ops>(m, name, nb::is_weak_referenceable())
       .def(nb::init<const hierarchy_config&, stream_handle>(), nb::arg("config"), nb::arg("stream") = 0)
+      // Rank `rank` of the CUDA hierarchies sharing a pinned store (docs/multi-gpu.md); keeps the store alive.
+      .def(
+          "__init__",
+          [](Ops* h, const hierarchy_config& cfg, cuda_pinned_store_ops<L>& store, std::size_t rank,
+             stream_handle stream) { new (h) Ops(cfg, store.store(), rank, stream); },
+          nb::arg("config"), nb::arg("store"), nb::arg("rank"), nb::arg("stream") = 0, nb::keep_alive<1, 3>())
+      .def(
+          "__init__",
+          [](Ops* h, const hierarchy_config& cfg, cuda_interprocess_store_ops<L>& store, std::size_t rank,
+             stream_handle stream) { new (h) Ops(cfg, store.store(), rank, stream); },
+          nb::arg("config"), nb::arg("store"), nb::arg("rank"), nb::arg("stream") = 0, nb::keep_alive<1, 3>())
+      .def_prop_ro("shares_host_store", &Ops::shares_host_store)
+      .def_prop_ro("rank", &Ops::rank, "Its rank on a shared host store (0 when it owns its stores).")
+      .def_prop_ro("host_bytes_in_use", &Ops::host_bytes_in_use,
+                   "Bytes of host pages allocated now (on a shared store: every rank's, one copy).")
       .def_prop_ro_static("layout", [layout](nb::handle) { return layout; })
       .def_prop_ro_static("hot_rows", [](nb::handle) { return Ops::hot_rows; })
       .def_prop_ro_static("top_k", [](nb::handle) { return L::top_k; })
@@ -569,7 +584,7 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
           [](M& mgr, request_id id, std::size_t source, nb::handle rows_obj, std::optional<std::size_t> count,
              opt_stream s) {
             const auto r = import_rows_arg<L>(rows_obj, source, count);
-            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, h.device()));
+            return mgr.import_history(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, mgr.hierarchy().device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           nb::arg("stream") = nb::none(),
@@ -584,6 +599,32 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
       .def("audit", &M::audit);
 }
 
+/// Binds cuda_pinned_store_ops<L> as `name` and cuda_interprocess_store_ops<L> as `ipc_name`: the
+/// pinned stores of the CUDA ranks, with the host stores' inspection calls (store_bind.hpp).
+template <class Layout>
+void bind_cuda_stores(nb::module_& m, const char* name, const char* ipc_name, const char* layout_name) {
+  using P = cuda_pinned_store_ops<Layout>;
+  using I = cuda_interprocess_store_ops<Layout>;
+  nb::class_<P> pinned(m, name, nb::is_weak_referenceable());
+  pinned.def(nb::init<std::size_t, std::size_t, std::size_t>(), nb::arg("ranks"), nb::arg("host_pages"),
+             nb::arg("request_capacity") = 0);
+  def_store_books<Layout>(pinned, [](P& p) -> shared_host_store<Layout>& { return p.store(); }, layout_name, "cuda");
+
+  nb::class_<I> ipc(m, ipc_name, nb::is_weak_referenceable());
+  ipc.def_static("create", &I::create, nb::arg("name"), nb::arg("ranks"), nb::arg("host_pages"),
+                 nb::arg("request_capacity") = 0)
+      .def_static(
+          "open",
+          [](const std::string& store_name, std::int64_t timeout_ms) {
+            const auto timeout = open_timeout(timeout_ms);
+            nb::gil_scoped_release unlocked;  // waits for the creator
+            return I::open(store_name, timeout.count());
+          },
+          nb::arg("name"), nb::arg("timeout_ms") = interprocess_host_store<Layout>::default_open_timeout.count());
+  def_store_books<Layout>(ipc, [](I& s) -> shared_host_store<Layout>& { return s.store(); }, layout_name, "cuda");
+  def_interprocess_calls<Layout>(ipc, [](I& s) -> interprocess_host_store<Layout>& { return s.store(); });
+}
+
 /// Binds the CUDA hierarchy and its four residency managers of `Layout` with hot cache `B`.
 template <class Layout, std::size_t B>
 void bind_cuda_layout(nb::module_& m, const char* layout_name) {
@@ -593,6 +634,9 @@ void bind_cuda_layout(nb::module_& m, const char* layout_name) {
   static const std::string mra = "CudaResidencyManager" + base + "_adaptive_mra";
   static const std::string lra = "CudaResidencyManager" + base + "_adaptive_lra";
   static const std::string res = "CudaResidencyManager" + base + "_resident";
+  static const std::string shared = "CudaSharedHostStore" + base;
+  static const std::string ipc = "CudaInterprocessHostStore" + base;
+  bind_cuda_stores<Layout>(m, shared.c_str(), ipc.c_str(), layout_name);
   bind_cuda_hierarchy<cuda_hierarchy_ops<Layout, B>>(m, hname.c_str(), layout_info<Layout>(layout_name));
   bind_cuda_manager<cuda_manager_ops<Layout, B, fixed_budget_policy>>(m, fixed.c_str(), fixed_budget_policy::name);
   bind_cuda_manager<cuda_manager_ops<Layout, B, adaptive_policy<>>>(m, mra.c_str(), adaptive_policy<>::name);

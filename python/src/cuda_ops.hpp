@@ -14,6 +14,8 @@
 #include <vector>
 
 #include <dhisparse/hierarchy_types.hpp>
+#include <dhisparse/host/interprocess_host_store.hpp>
+#include <dhisparse/host/shared_host_store.hpp>
 #include <dhisparse/host/residency_manager.hpp>
 #include <dhisparse/location_space.hpp>
 #include <dhisparse/policies/residency.hpp>
@@ -38,6 +40,10 @@ class cuda_hierarchy_ops {
   using layout_type = Layout;
   static constexpr std::size_t hot_rows = B;
   cuda_hierarchy_ops(const hierarchy_config& cfg, stream_handle stream);
+  /// Rank `rank` of the CUDA hierarchies sharing `store`, whose bytes are pinned and mapped (a
+  /// cuda_pinned_store_ops' or cuda_interprocess_store_ops' store).
+  cuda_hierarchy_ops(const hierarchy_config& cfg, shared_host_store<Layout>& store, std::size_t rank,
+                     stream_handle stream);
   /// A non-owning view of the hierarchy at `hierarchy` (a residency manager's).
   static cuda_hierarchy_ops view_of(void* hierarchy);
   cuda_hierarchy_ops(cuda_hierarchy_ops&&) noexcept;
@@ -51,6 +57,9 @@ class cuda_hierarchy_ops {
   bool contains(request_id id) const;
   std::size_t slot_of(request_id id) const;
   std::size_t admitted_count() const;
+  bool shares_host_store() const;
+  std::size_t rank() const;
+  std::size_t host_bytes_in_use() const;
   void set_programmatic_launch(bool on);
   bool programmatic_launch() const;
 
@@ -152,6 +161,39 @@ class cuda_hierarchy_ops {
  private:
   struct impl;
   explicit cuda_hierarchy_ops(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> p_;
+};
+
+/// cuda::pinned_shared_host_store<Layout> behind a pimpl: one host store for the CUDA ranks of a
+/// process, in pinned, portable, mapped memory. `store()` is its shared_host_store (a host type).
+template <class Layout>
+class cuda_pinned_store_ops {
+ public:
+  using layout_type = Layout;
+  cuda_pinned_store_ops(std::size_t ranks, std::size_t host_pages, std::size_t request_capacity);
+  ~cuda_pinned_store_ops();
+  shared_host_store<Layout>& store();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> p_;
+};
+
+/// cuda::interprocess_pinned_host_store<Layout> behind a pimpl: the interprocess store, registered
+/// with CUDA in this process. `store()` is its interprocess_host_store (a host type).
+template <class Layout>
+class cuda_interprocess_store_ops {
+ public:
+  using layout_type = Layout;
+  static std::unique_ptr<cuda_interprocess_store_ops> create(const std::string& name, std::size_t ranks,
+                                                             std::size_t host_pages, std::size_t request_capacity);
+  static std::unique_ptr<cuda_interprocess_store_ops> open(const std::string& name, std::int64_t timeout_ms);
+  ~cuda_interprocess_store_ops();
+  interprocess_host_store<Layout>& store();
+
+ private:
+  struct impl;
+  explicit cuda_interprocess_store_ops(std::unique_ptr<impl> p);
   std::unique_ptr<impl> p_;
 };
 

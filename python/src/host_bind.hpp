@@ -7,6 +7,7 @@
 #include <dhisparse/host/residency_manager.hpp>
 
 #include "common.hpp"
+#include "store_bind.hpp"
 
 namespace dhisparse::python {
 
@@ -176,6 +177,17 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
   };
   nb::class_<H>(m, name, nb::is_weak_referenceable())
       .def(nb::init<const hierarchy_config&>(), nb::arg("config"))
+      // Rank `rank` of the hierarchies sharing a store (docs/multi-gpu.md); keeps the store alive.
+      .def(nb::init<const hierarchy_config&, shared_host_store<L>&, std::size_t>(), nb::arg("config"),
+           nb::arg("store"), nb::arg("rank"), nb::keep_alive<1, 3>())
+      .def(nb::init<const hierarchy_config&, interprocess_host_store<L>&, std::size_t>(), nb::arg("config"),
+           nb::arg("store"), nb::arg("rank"), nb::keep_alive<1, 3>())
+      .def_prop_ro("shares_host_store", &H::shares_host_store)
+      .def_prop_ro("rank", &H::rank, "Its rank on a shared host store (0 when it owns its stores).")
+      .def_prop_ro("host_store_bytes", [](const H& h) { return h.host_store_bytes(); },
+                   "Bytes of its own host stores (0 on a shared store).")
+      .def_prop_ro("host_bytes_in_use", &H::host_bytes_in_use,
+                   "Bytes of host pages allocated now (on a shared store: every rank's, one copy).")
       .def_prop_ro_static("layout", [layout_name](nb::handle) { return layout_info<L>(layout_name); })
       .def_prop_ro_static("hot_rows", [](nb::handle) { return H::hot_rows; })
       .def_prop_ro_static("top_k", [](nb::handle) { return H::top_k; })
@@ -496,6 +508,9 @@ void bind_host_layout(nb::module_& m, const char* layout_name) {
   bind_host_manager<residency_manager<H, adaptive_policy<>>>(m, mra.c_str());
   bind_host_manager<residency_manager<H, adaptive_policy<reclaim_order::least_recent_first>>>(m, lra.c_str());
   bind_host_manager<residency_manager<H, resident_policy>>(m, res.c_str());
+  static const std::string shared = "HostSharedHostStore" + base;
+  static const std::string ipc = "HostInterprocessHostStore" + base;
+  bind_host_stores<Layout>(m, shared.c_str(), ipc.c_str(), layout_name);
 }
 
 }  // namespace dhisparse::python

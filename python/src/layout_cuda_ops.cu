@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <dhisparse/cuda/hierarchy.cuh>
+#include <dhisparse/cuda/interprocess_host_store.cuh>
+#include <dhisparse/cuda/shared_host_store.cuh>
 #include <dhisparse/cuda/residency_manager.cuh>
 #include <dhisparse/layouts/deepseek_v41_flash.hpp>
 #include <dhisparse/layouts/glm53.hpp>
@@ -53,6 +55,13 @@ cuda_hierarchy_ops<Layout, B>::cuda_hierarchy_ops(const hierarchy_config& cfg, s
   p_->h = p_->owned.get();
 }
 template <class Layout, std::size_t B>
+cuda_hierarchy_ops<Layout, B>::cuda_hierarchy_ops(const hierarchy_config& cfg, shared_host_store<Layout>& store,
+                                                  std::size_t rank, stream_handle stream)
+    : p_(std::make_unique<impl>()) {
+  p_->owned = std::make_unique<typename impl::H>(cfg, store, rank, as_stream(stream));
+  p_->h = p_->owned.get();
+}
+template <class Layout, std::size_t B>
 cuda_hierarchy_ops<Layout, B>::cuda_hierarchy_ops(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 template <class Layout, std::size_t B>
 cuda_hierarchy_ops<Layout, B> cuda_hierarchy_ops<Layout, B>::view_of(void* hierarchy) {
@@ -74,6 +83,9 @@ DHISPARSE_PY_OPS stream() const -> stream_handle { return reinterpret_cast<strea
 DHISPARSE_PY_OPS contains(request_id id) const -> bool { return p_->h->contains(id); }
 DHISPARSE_PY_OPS slot_of(request_id id) const -> std::size_t { return p_->h->slot_of(id); }
 DHISPARSE_PY_OPS admitted_count() const -> std::size_t { return p_->h->admitted_count(); }
+DHISPARSE_PY_OPS shares_host_store() const -> bool { return p_->h->shares_host_store(); }
+DHISPARSE_PY_OPS rank() const -> std::size_t { return p_->h->rank(); }
+DHISPARSE_PY_OPS host_bytes_in_use() const -> std::size_t { return p_->h->host_bytes_in_use(); }
 DHISPARSE_PY_OPS set_programmatic_launch(bool on) -> void { p_->h->set_programmatic_launch(on); }
 DHISPARSE_PY_OPS programmatic_launch() const -> bool { return p_->h->programmatic_launch(); }
 DHISPARSE_PY_OPS admit(request_id id, stream_handle s) -> admission { return p_->h->admit(id, as_stream(s)); }
@@ -441,7 +453,57 @@ DHISPARSE_PY_MGR drain() -> void { p_->m.drain(); }
 DHISPARSE_PY_MGR audit() const -> std::string { return p_->m.audit(); }
 #undef DHISPARSE_PY_MGR
 
+template <class Layout>
+struct cuda_pinned_store_ops<Layout>::impl {
+  impl(std::size_t ranks, std::size_t host_pages, std::size_t request_capacity)
+      : store(ranks, host_pages, request_capacity) {}
+  cuda::pinned_shared_host_store<Layout> store;
+};
+template <class Layout>
+cuda_pinned_store_ops<Layout>::cuda_pinned_store_ops(std::size_t ranks, std::size_t host_pages,
+                                                     std::size_t request_capacity)
+    : p_(std::make_unique<impl>(ranks, host_pages, request_capacity)) {}
+template <class Layout>
+cuda_pinned_store_ops<Layout>::~cuda_pinned_store_ops() = default;
+template <class Layout>
+shared_host_store<Layout>& cuda_pinned_store_ops<Layout>::store() {
+  return p_->store;
+}
+
+template <class Layout>
+struct cuda_interprocess_store_ops<Layout>::impl {
+  using S = cuda::interprocess_pinned_host_store<Layout>;
+  impl(typename S::create_t t, const std::string& name, std::size_t ranks, std::size_t host_pages,
+       std::size_t request_capacity)
+      : store(t, name, ranks, host_pages, request_capacity) {}
+  impl(typename S::open_t t, const std::string& name, std::chrono::milliseconds timeout) : store(t, name, timeout) {}
+  S store;
+};
+template <class Layout>
+cuda_interprocess_store_ops<Layout>::cuda_interprocess_store_ops(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+template <class Layout>
+cuda_interprocess_store_ops<Layout>::~cuda_interprocess_store_ops() = default;
+template <class Layout>
+auto cuda_interprocess_store_ops<Layout>::create(const std::string& name, std::size_t ranks, std::size_t host_pages,
+                                                 std::size_t request_capacity)
+    -> std::unique_ptr<cuda_interprocess_store_ops> {
+  return std::unique_ptr<cuda_interprocess_store_ops>(new cuda_interprocess_store_ops(
+      std::make_unique<impl>(typename impl::S::create_t{}, name, ranks, host_pages, request_capacity)));
+}
+template <class Layout>
+auto cuda_interprocess_store_ops<Layout>::open(const std::string& name, std::int64_t timeout_ms)
+    -> std::unique_ptr<cuda_interprocess_store_ops> {
+  return std::unique_ptr<cuda_interprocess_store_ops>(new cuda_interprocess_store_ops(
+      std::make_unique<impl>(typename impl::S::open_t{}, name, std::chrono::milliseconds(timeout_ms))));
+}
+template <class Layout>
+interprocess_host_store<Layout>& cuda_interprocess_store_ops<Layout>::store() {
+  return p_->store;
+}
+
 #define DHISPARSE_PY_INSTANTIATE(L, B)                                                                     \
+  template class cuda_pinned_store_ops<layouts::L>;                                                        \
+  template class cuda_interprocess_store_ops<layouts::L>;                                                  \
   template class cuda_hierarchy_ops<layouts::L, B>;                                                        \
   template class cuda_manager_ops<layouts::L, B, fixed_budget_policy>;                                     \
   template class cuda_manager_ops<layouts::L, B, adaptive_policy<>>;                                       \

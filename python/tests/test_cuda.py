@@ -500,3 +500,58 @@ def test_cuda_manager_admits_on_a_prefix():
     m.release_prefix(50)
     m.drain()
     assert m.audit() == ""
+
+
+def test_two_cuda_ranks_over_one_pinned_shared_store():
+    """Two CUDA ranks on device 0 over one pinned in-process store: the same appends on both, a
+    synchronisation between the appends and the resolves (the owner's host writes before the
+    other rank's device reads), and every resolved location holds the test's own row."""
+    from conftest import History, random_selection
+
+    rng = np.random.default_rng(17)
+    cfg = {"max_requests": 2, "max_rows": 256}
+    store = dhisparse.SharedHostStore("tiny", 2, 64, backend="cuda")
+    assert store.backend == "cuda" and store.ranks == 2
+    ranks = [dhisparse.Hierarchy("tiny", cfg, backend="cuda", store=store, rank=r) for r in range(2)]
+    assert [h.rank for h in ranks] == [0, 1] and all(h.shares_host_store for h in ranks)
+    hist = History(ranks[0].layout, seed=8)
+    requests = [4, 6]
+    for h in ranks:
+        for r in requests:
+            assert h.admit(r)
+    host_reads = 0
+    for step in range(4):
+        for s in range(2):
+            for r in requests:
+                rows = hist.new_rows(s, 30 if step == 0 else int(rng.integers(1, 4)))  # a chunk past the tail first
+                hist.add(r, s, rows)
+                for h in ranks:
+                    h.append(r, s, torch.from_numpy(rows).cuda())
+        torch.cuda.synchronize()  # every rank's host writes are done before any rank reads
+        for s in range(2):
+            sel = np.stack([random_selection(rng, hist.count(r, s), 16) for r in requests])
+            for h in ranks:
+                loc = torch.full(sel.shape, -7, dtype=torch.int32, device="cuda")
+                h.resolve(s, requests, torch.from_numpy(sel).cuda(), loc)
+                h.check_errors()
+                host_reads += sum(st.host for st in h.last_stats(s))
+                got = loc.cpu().numpy()
+                for layer in range(hist.layout["sources"][s]["payload_layers"]):
+                    pool = h.pool(s, layer, like="torch")
+                    for i, r in enumerate(requests):
+                        for e, row in enumerate(sel[i]):
+                            if row == -1:
+                                assert got[i, e] == -1
+                                continue
+                            np.testing.assert_array_equal(pool[int(got[i, e])].cpu().numpy(),
+                                                          hist.row(r, s, layer, row),
+                                                          err_msg=f"rank {h.rank} request {r} row {row}")
+    assert host_reads > 0
+    written = sum(hist.count(r, s) for r in requests for s in range(2))
+    assert store.rows_written(0) + store.rows_written(1) == written
+    assert store.host_bytes_in_use == ranks[0].host_bytes_in_use == ranks[1].host_bytes_in_use
+    for h in ranks:
+        for r in requests:
+            h.complete(r)
+    torch.cuda.synchronize()
+    assert store.requests == 0 and store.host_bytes_in_use == 0

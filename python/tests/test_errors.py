@@ -1,5 +1,7 @@
 """Every errc reachable from Python raises its own class (all deriving from DhisparseError) with
 the C++ message, and leaves the state unchanged."""
+import os
+
 import numpy as np
 import pytest
 
@@ -7,13 +9,13 @@ import dhisparse
 
 # Not reachable through these bindings: device_error needs a failing CUDA call; packed_rows_unsupported
 # is no longer thrown by the library; the draft ring store and shared staging arenas are not bound;
-# suffix_misaligned cannot happen because the binding starts a suffix where its prefix ends; shared
-# host stores (host_copy_pending) are not bound; wrong_device needs a CUDA stream of another GPU
-# than the hierarchy's; stores shared across processes (shared_memory_error, lock_owner_died) are not
-# bound.
+# suffix_misaligned cannot happen because the binding starts a suffix where its prefix ends;
+# wrong_device needs a CUDA stream of another GPU than the hierarchy's; lock_owner_died needs a
+# process to die inside a call on an interprocess store (holding its lock), which no Python code
+# runs within, so a test cannot place the death there.
 UNREACHABLE = {"DeviceError", "PackedRowsUnsupported", "InvalidSlot", "DraftPositionNotLive",
                "DraftWriteOutOfOrder", "StagingInUse", "StagingNotHeld", "SuffixMisaligned",
-               "HostCopyPending", "WrongDevice", "SharedMemoryError", "LockOwnerDied"}
+               "WrongDevice", "LockOwnerDied"}
 
 raised = set()
 
@@ -126,6 +128,30 @@ def test_prefix_errors():
     h.retain_prefix(5, 1, rows=[16, 0])
     expect(dhisparse.DuplicatePrefix, lambda: h.retain_prefix(5, 1, rows=[8, 0]))
     assert h.retained_prefixes() == [5] and not h.contains(2)
+
+
+def test_shared_store_errors():
+    store = dhisparse.SharedHostStore("tiny", 2, 16)
+    h0, h1 = (dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, store=store, rank=r) for r in (0, 1))
+    expect(dhisparse.InvalidConfiguration, lambda: dhisparse.Hierarchy("tiny", {"max_rows": 64}, store=store, rank=1),
+           "rank 1 of the shared host store already has a hierarchy")
+    h1.admit(1)
+    h1.append(1, 1, np.zeros((1, 24, 32), np.uint8))  # page 0 is rank 0's, which has not written it
+    e = expect(dhisparse.HostCopyPending, lambda: resolve(h1, [0], source=1))
+    assert e.code == "host_copy_pending"
+    h0.admit(1)
+    h0.append(1, 1, np.zeros((1, 24, 32), np.uint8))
+    resolve(h1, [0], source=1)  # the owner wrote it: the same read succeeds
+    name = f"/dhisparse-pytest-errors-{os.getpid()}"
+    try:
+        ipc = dhisparse.InterprocessHostStore.create("tiny", name, 2, 16)
+        expect(dhisparse.SharedMemoryError, lambda: dhisparse.InterprocessHostStore.create("tiny", name, 2, 16),
+               "exists already")
+        expect(dhisparse.SharedMemoryError, lambda: dhisparse.InterprocessHostStore.open("tiny", name + "-x", timeout_ms=0),
+               "does not exist")
+        assert ipc.creator
+    finally:
+        dhisparse.InterprocessHostStore.remove(name)
 
 
 def test_errors_leave_state_unchanged():
