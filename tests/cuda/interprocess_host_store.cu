@@ -22,32 +22,21 @@
 
 #include "../support/process_barrier.hpp"
 #include "../support/row_content.hpp"
+#include "../support/shared_store_model.hpp"
 #include "dhisparse/cuda/interprocess_host_store.cuh"
 
 namespace {
 
 using namespace dhtest;
 namespace rc = dhisparse_testing;
-using L = dh::layouts::tiny;
-constexpr std::size_t kB = 16, kRows = 96, kT = 8, kSlots = 4, kP = L::page_rows, kRanks = 2;
+using namespace shared_store_model;
+constexpr std::size_t kRanks = 2;
 using CH = dhc::hierarchy<L, dh::lru_hot_cache<kB>>;
 using Store = dhc::interprocess_pinned_host_store<L>;
 constexpr std::size_t kSources = CH::sources;
 constexpr std::size_t K = L::top_k;
-constexpr std::size_t kHostPages = kSlots * (kRows / kP);
 constexpr std::size_t kRequests = kSlots, kSteps = 24;
 
-dh::hierarchy_config config() {
-  dh::hierarchy_config c;
-  c.max_requests = kSlots;
-  c.max_rows = kRows;
-  c.tail_rows = kT;
-  c.optional_pages = 6;
-  return c;
-}
-std::size_t layers(std::size_t s) { return L::sources[s].payload_layers; }
-std::size_t row_bytes(std::size_t s) { return L::sources[s].row_bytes; }
-std::size_t page_bytes(std::size_t s) { return kP * layers(s) * row_bytes(s); }
 
 /// Counts failures instead of using Catch2 macros, which the forked child cannot report.
 struct tally {

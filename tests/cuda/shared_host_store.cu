@@ -25,6 +25,7 @@
 #include <memory>
 
 #include "../support/row_content.hpp"
+#include "../support/shared_store_model.hpp"
 #include "dhisparse/cuda/shared_host_store.cuh"
 #include "dhisparse/host/shared_host_store.hpp"
 
@@ -32,28 +33,16 @@ namespace {
 
 using namespace dhtest;
 namespace rc = dhisparse_testing;
-using L = dh::layouts::tiny;
-constexpr std::size_t kB = 16, kRows = 96, kT = 8, kSlots = 4, kP = L::page_rows, kMaxStep = 4;
+using namespace shared_store_model;
+constexpr std::size_t kMaxStep = 4;
 using Hot = dh::lru_hot_cache<kB>;
 using HH = dh::host_hierarchy<L, Hot>;
 using CH = dhc::hierarchy<L, Hot>;
 constexpr std::size_t kSources = HH::sources;
 constexpr std::size_t K = L::top_k;
 constexpr std::size_t kStepLayers = CH::step_layers;
-constexpr std::size_t kHostPages = kSlots * (kRows / kP);
 
-dh::hierarchy_config config() {
-  dh::hierarchy_config c;
-  c.max_requests = kSlots;
-  c.max_rows = kRows;
-  c.tail_rows = kT;
-  c.optional_pages = 6;
-  return c;
-}
 
-std::size_t layers(std::size_t s) { return L::sources[s].payload_layers; }
-std::size_t row_bytes(std::size_t s) { return L::sources[s].row_bytes; }
-std::size_t page_bytes(std::size_t s) { return kP * layers(s) * row_bytes(s); }
 std::size_t pages_for(std::int64_t rows) { return (static_cast<std::size_t>(rows) + kP - 1) / kP; }
 
 int device_count() {

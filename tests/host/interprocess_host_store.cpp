@@ -37,29 +37,18 @@
 
 #include "../support/process_barrier.hpp"
 #include "../support/row_content.hpp"
+#include "../support/shared_store_model.hpp"
 
 namespace {
 
 using namespace dhisparse;
 namespace rc = dhisparse_testing;
-using L = layouts::tiny;
-constexpr std::size_t kB = 16, kRows = 96, kT = 8, kSlots = 4, kP = L::page_rows, kRanks = 2;
+using namespace shared_store_model;
+constexpr std::size_t kRanks = 2;
 using H = host_hierarchy<L, lru_hot_cache<kB>>;
 using Store = interprocess_host_store<L>;
 constexpr std::size_t kSources = H::sources;
-constexpr std::size_t kHostPages = kSlots * (kRows / kP);
 
-hierarchy_config config() {
-  hierarchy_config c;
-  c.max_requests = kSlots;
-  c.max_rows = kRows;
-  c.tail_rows = kT;
-  c.optional_pages = 6;
-  return c;
-}
-std::size_t layers(std::size_t s) { return L::sources[s].payload_layers; }
-std::size_t row_bytes(std::size_t s) { return L::sources[s].row_bytes; }
-std::size_t page_bytes(std::size_t s) { return kP * layers(s) * row_bytes(s); }
 
 /// A name no other run uses at the same time; removed when the guard goes.
 struct unique_name {

@@ -29,33 +29,19 @@
 #include <vector>
 
 #include "../support/row_content.hpp"
+#include "../support/shared_store_model.hpp"
 
 namespace {
 
 using namespace dhisparse;
 namespace rc = dhisparse_testing;
-using L = layouts::tiny;
-constexpr std::size_t kB = 16, kRows = 96, kT = 8, kSlots = 4, kP = L::page_rows;
+using namespace shared_store_model;
 using H = host_hierarchy<L, lru_hot_cache<kB>>;
 using Store = shared_host_store<L>;
 constexpr std::size_t kSources = H::sources;
 constexpr std::size_t kPagesPerRequest = kRows / kP;
-constexpr std::size_t kHostPages = kSlots * kPagesPerRequest;
 
-hierarchy_config config(std::size_t max_block = 1) {
-  hierarchy_config c;
-  c.max_requests = kSlots;
-  c.max_rows = kRows;
-  c.tail_rows = kT;
-  c.optional_pages = 6;
-  c.max_block = max_block;
-  return c;
-}
 
-std::size_t layers(std::size_t s) { return L::sources[s].payload_layers; }
-std::size_t row_bytes(std::size_t s) { return L::sources[s].row_bytes; }
-/// The test's own page size: p rows of every payload layer.
-std::size_t page_bytes(std::size_t s) { return kP * layers(s) * row_bytes(s); }
 std::size_t pages_for(std::int64_t rows) { return (static_cast<std::size_t>(rows) + kP - 1) / kP; }
 
 /// What the test knows of one admitted request (the same on every rank).
