@@ -38,15 +38,17 @@ TEST_CASE("a bad entry of the launch at the epoch wrap is reported by check_erro
   using T = twin<L, dh::lru_hot_cache<16>>;
   constexpr std::size_t K = L::top_k;
   T tw(tiny_b16_config, 5);
-  REQUIRE(tw.admit(7));
-  for (std::size_t s = 0; s < T::sources; ++s) tw.append(7, s, 40);
+  for (request_id id : {7u, 8u}) {
+    REQUIRE(tw.admit(id));
+    for (std::size_t s = 0; s < T::sources; ++s) tw.append(id, s, 40);
+  }
   dhc::device_batch batch(2, K);
-  const auto slot = static_cast<std::int32_t>(tw.dev.slot_of(7));
+  const auto slot7 = static_cast<std::int32_t>(tw.dev.slot_of(7)), slot8 = static_cast<std::int32_t>(tw.dev.slot_of(8));
   std::vector<row_index> sel(2 * K, dh::no_row);
-  for (std::size_t i = 0; i < K; ++i) sel[i] = static_cast<row_index>(i);  // entry 0: rows 0..K-1
-  sel[K] = 100;                                                             // entry 1: beyond the 40 rows
-  batch.upload(std::vector<std::int32_t>{slot, slot}, sel, std::vector<std::int32_t>{static_cast<std::int32_t>(K), 1},
-               tw.dev.stream());
+  for (std::size_t i = 0; i < K; ++i) sel[i] = static_cast<row_index>(i);  // entry 0 (request 7): rows 0..K-1
+  sel[K] = 100;                                                             // entry 1 (request 8): beyond its 40 rows
+  batch.upload(std::vector<std::int32_t>{slot7, slot8}, sel,
+               std::vector<std::int32_t>{static_cast<std::int32_t>(K), 1}, tw.dev.stream());
   tw.dev.resolve(0, batch.view(), tw.dev.stream());  // the first launch: the wrap
   wait_or_die(tw.dev.stream(), "resolve at the wrap");
   REQUIRE(tw.dev.last_errors(0).at(1).code == dhc::to_status(dh::errc::position_beyond_frontier));
