@@ -74,6 +74,17 @@ inline void require_device() {
   REQUIRE(n > 0);
 }
 
+/// GPUs visible to the test (0 when the runtime cannot tell); no Catch2 assertion, so worker
+/// threads may call it.
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 /// Fails the test with a message (INFO + REQUIRE, portable across Catch2 majors).
 #define DHTEST_FAIL(message)  \
   do {                        \

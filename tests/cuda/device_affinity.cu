@@ -35,15 +35,6 @@ using Host = dh::host_hierarchy<Layout, Hot>;
 constexpr std::size_t K = Layout::top_k;
 constexpr std::size_t S = dh::source_count<Layout>;
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 /// The calling thread's current device, -1 when the runtime cannot tell (no Catch2 assertion: a
 /// worker thread may call it).
 int current_device() {

@@ -45,15 +45,6 @@ constexpr std::size_t kStepLayers = CH::step_layers;
 
 std::size_t pages_for(std::int64_t rows) { return (static_cast<std::size_t>(rows) + kP - 1) / kP; }
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
 int use_device(int d) {
   DHTEST_CUDA(cudaSetDevice(d));
   return d;

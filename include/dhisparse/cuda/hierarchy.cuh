@@ -349,12 +349,7 @@ class hierarchy {
   admission admit(request_id id, cudaStream_t stream) {
     const auto guard = on_device(stream);
     const auto lock = binding_.lock();
-    if (binding_.books()) {  // attach to the request's history on the shared store (host_hierarchy::admit)
-      if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
-      // A full registry waits, and so does an id this rank completed while other ranks still hold
-      // that earlier history: attaching now would join the old history.
-      if (registry_.size() >= registry_.capacity() || !binding_.can_attach(id)) return {};
-    }
+    if (binding_.admission_waits(registry_, id)) return {};  // shared store: as host_hierarchy::admit
     auto slot = registry_.admit(id);
     if (!slot) return {};
     id_of_slot_[*slot] = id;
@@ -2299,7 +2294,7 @@ class hierarchy {
     }
 #ifdef DHISPARSE_TEST_FIRST_EPOCH
     // Test hook, compiled out by default: resolves and verifies counted from just below the
-    // 32-bit epoch wrap (tests/cuda/resolver_epoch_wrap.cu).
+    // 32-bit epoch wrap (tests/cuda/epoch_wrap.cu).
     {
       control_block c{};
       c.epoch = DHISPARSE_TEST_FIRST_EPOCH;

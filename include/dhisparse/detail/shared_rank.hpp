@@ -13,6 +13,7 @@
 #include "../hierarchy_types.hpp"
 #include "../types.hpp"
 #include "history_books.hpp"
+#include "request_registry.hpp"
 #include "shared_store_books.hpp"
 
 namespace dhisparse::detail {
@@ -65,11 +66,17 @@ class shared_rank {
     return books_ ? std::unique_lock<region_mutex>(books_->mutex()) : std::unique_lock<region_mutex>();
   }
 
-  /// True when the rank may attach to request `id` now (lock held): false while an earlier history
-  /// of the id that this rank completed is still held by other ranks (the admission waits).
-  [[nodiscard]] bool can_attach(request_id id) const { return !books_ || books_->can_attach(id, rank_); }
+  /// On a shared store, whether admitting `id` into `registry` waits (lock held): a full registry
+  /// waits, and so does an id this rank completed while other ranks still hold that earlier history
+  /// (attaching now would join the old one). Throws duplicate_admission for an admitted id. Never
+  /// waits without a shared store (the registry decides alone).
+  [[nodiscard]] bool admission_waits(const request_registry& registry, request_id id) const {
+    if (!books_) return false;
+    if (registry.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
+    return registry.size() >= registry.capacity() || !books_->can_attach(id, rank_);
+  }
   /// Names `id` in `slot` of each source's books (`books_of(s)`, s < `sources`) and attaches the
-  /// rank to the id's shared history (lock held, `can_attach` checked).
+  /// rank to the id's shared history (lock held, `admission_waits` checked).
   template <class BooksOf>
   void attach(request_id id, std::size_t slot, std::size_t sources, BooksOf&& books_of) {
     if (!books_) return;

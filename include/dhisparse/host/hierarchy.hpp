@@ -225,10 +225,7 @@ class host_hierarchy {
   admission admit(request_id id) {
     if (binding_.books()) {  // attach to the request's history on the shared store
       const auto lock = binding_.lock();
-      if (registry_.contains(id)) throw duplicate_admission("request " + std::to_string(id) + " is already admitted");
-      // A full registry waits, and so does an id this rank completed while other ranks still hold
-      // that earlier history: attaching now would join the old history.
-      if (registry_.size() >= registry_.capacity() || !binding_.can_attach(id)) return {};
+      if (binding_.admission_waits(registry_, id)) return {};
       const std::size_t slot = *registry_.admit(id);
       binding_.attach(id, slot, sources, [this](std::size_t s) -> detail::history_books& { return src_[s].books; });
       return {true, slot};
