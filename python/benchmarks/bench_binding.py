@@ -31,6 +31,8 @@ def main():
     args = ap.parse_args()
     n = args.iterations
     dev = torch.device("cuda")
+    print(f"torch {torch.__version__}; DLPack C exchange API offered: "
+          f"{hasattr(torch.Tensor, '__dlpack_c_exchange_api__')}")
     print(f"{'C':>4} {'cpp us':>8} {'py us':>8} {'py-torch':>9} {'py-ptr':>8} {'added us':>9} {'ptr added':>10} "
           f"{'eager gpu':>10} {'graph gpu':>10}")
     for c in (1, 128):

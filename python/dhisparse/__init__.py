@@ -51,8 +51,24 @@ def _current_stream(device: Optional[int] = None) -> int:
     current stream, whatever device is current: objects take only streams of their own GPU."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
+        _use_framework_stream_api(torch)
         return torch.cuda.current_stream(device).cuda_stream
     return 0
+
+
+_stream_api_source = None  # the torch module last looked at for the exchange API
+
+
+def _use_framework_stream_api(torch) -> None:
+    """Once per torch module: when torch publishes the DLPack C exchange API (torch >= 2.10), calls
+    given no stream ask torch for its current stream from C, without this Python function (about
+    4 µs less per call)."""
+    global _stream_api_source
+    if torch is not _stream_api_source:
+        _stream_api_source = torch
+        capsule = getattr(getattr(torch, "Tensor", None), "__dlpack_c_exchange_api__", None)
+        if capsule is not None:
+            _core._set_stream_api(capsule)
 
 
 _core._set_stream_provider(_current_stream)

@@ -3,34 +3,11 @@
 // (torch, CuPy, JAX through DLPack) and are passed by pointer; rows may be CUDA or CPU arrays.
 // Every call takes `stream` (an int cudaStream_t handle); None means the package's provider:
 // torch's current stream when torch is imported, else the legacy default stream.
+#include "array_import.hpp"
 #include "cuda_ops.hpp"
 #include "host_bind.hpp"
 
 namespace dhisparse::python {
-
-/// Imports a CUDA array without a stream sync. Called with no stream, `__dlpack__` (torch, the
-/// array API) makes the legacy default stream wait for the current one: an event per array per
-/// call, and an error inside a graph capture. `stream=-1` asks for no synchronisation; ordering is
-/// the caller's, through the `stream` argument of each call. Other arrays are imported as given.
-template <class A>
-A import_array(nb::handle obj, const char* name) {
-  nb::object src = nb::borrow(obj);
-  if (nb::hasattr(obj, "__dlpack_device__")) {
-    const auto dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
-    const int type = nb::cast<int>(dev[0]);
-    if (type == nb::device::cuda::value || type == nb::device::cuda_managed::value) {
-      try {
-        src = obj.attr("__dlpack__")(nb::arg("stream") = -1);
-      } catch (const nb::python_error&) {
-        src = nb::borrow(obj);  // a producer without stream=-1: its own default behaviour
-      }
-    }
-  }
-  A a;
-  if (!nb::try_cast(src, a))
-    throw nb::type_error((std::string(name) + ": expected an array (DLPack or the buffer protocol)").c_str());
-  return a;
-}
 
 /// Rows given as a CUDA array (device path) or a CPU array (staged by the library).
 template <class Array>

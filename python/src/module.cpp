@@ -6,6 +6,7 @@
 
 #include <dhisparse/host/residency_manager.hpp>
 
+#include "array_import.hpp"
 #include "common.hpp"
 
 namespace dhisparse::python {
@@ -66,6 +67,7 @@ void bind_errors(nb::module_& m) {
 
 std::uintptr_t default_stream(std::optional<std::uintptr_t> given, int device) {
   if (given) return *given;
+  if (std::uintptr_t s = 0; framework_current_stream(device, s)) return s;  // no Python call
   if (!stream_provider.is_valid() || stream_provider.is_none()) return 0;
   return nb::cast<std::uintptr_t>(stream_provider(device));
 }
@@ -207,6 +209,9 @@ NB_MODULE(_core, m) {
 #endif
   bind_errors(m);
   bind_types(m);
+  bind_array_import(m);
+  m.def("_default_stream", [](int device) { return default_stream(std::nullopt, device); }, nb::arg("device"),
+        "Test hook: the stream a call on an object of `device` uses when given none.");
   bind_host_tiny(m);
   bind_host_glm53(m);
   bind_host_deepseek_v41_flash(m);

@@ -219,6 +219,24 @@ def test_device_errors_are_raised_by_check_errors():
         h.append(1, 1, torch.zeros(33, dtype=torch.uint8, device="cuda"), count=1)
 
 
+def test_torch_tensors_and_streams_through_the_exchange_api_when_offered():
+    """torch >= 2.10 publishes the DLPack C exchange API: tensors are then imported without
+    `__dlpack__` and stream=None asks torch from C; either way the binding sees the same memory
+    and stream."""
+    offered = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    t = torch.arange(24, dtype=torch.int32, device="cuda").view(4, 6)[1:3]
+    got = dhisparse._core._array_import(t)
+    assert got["path"] == ("exchange" if offered else "dlpack")
+    assert got["data"] == t.data_ptr() and got["shape"] == (2, 6) and got["strides"] == (6, 1)
+    assert got["dtype"] == (0, 32, 1) and got["device"] == (2, t.device.index)
+    dev = torch.cuda.current_device()
+    dhisparse._current_stream()  # the package registers torch's API when it first sees torch
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert dhisparse._core._default_stream(dev) == side.cuda_stream
+    assert dhisparse._core._default_stream(dev) == torch.cuda.current_stream().cuda_stream
+
+
 def test_default_stream_is_of_the_objects_device():
     """stream=None asks the provider for the object's own device (C++ side of the per-device default)."""
     h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, backend="cuda")
@@ -228,12 +246,14 @@ def test_default_stream_is_of_the_objects_device():
         asked.append(device)
         return dhisparse._current_stream(device)
 
+    dhisparse._core._set_stream_api(None)  # torch's C stream API, when registered, bypasses the provider
     dhisparse._core._set_stream_provider(provider)
     try:
         h.admit(1)
         h.synchronize()
     finally:
         dhisparse._core._set_stream_provider(dhisparse._current_stream)
+        dhisparse._stream_api_source = None  # registered again on next use
     assert asked and set(asked) == {h.device}
     if torch.cuda.device_count() > 1:  # an object of GPU 1 driven while GPU 0 is current
         with torch.cuda.device(1):

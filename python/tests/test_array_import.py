@@ -1,0 +1,222 @@
+"""Array import through the DLPack C exchange API (what torch >= 2.10 publishes on its tensor type).
+
+A producer written here with ctypes publishes the API over numpy arrays; the tests check that the
+binding takes the fast path when it is offered, describes the same memory as the `__dlpack__`
+path, passes the producer's refusal on, falls back when the table is absent or of another major
+version, and asks the producer for its current stream when registered for it.
+"""
+import ctypes
+
+import numpy as np
+import pytest
+
+import dhisparse
+from conftest import History, check_rows
+from dhisparse import _core
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class Header(ctypes.Structure):
+    pass
+
+
+Header._fields_ = [("version", Version), ("prev_api", ctypes.POINTER(Header))]
+
+FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(DLTensor))
+CURRENT_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+
+class ExchangeApi(ctypes.Structure):
+    _fields_ = [
+        ("header", Header),
+        ("managed_tensor_allocator", ctypes.c_void_p),
+        ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
+        ("dltensor_from_py_object_no_sync", FROM_PY),
+        ("current_work_stream", CURRENT_STREAM),
+    ]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_CODES = {"i": 0, "u": 1, "f": 2}
+_KEEP = []  # names, tables and callbacks the capsules point to
+
+
+def _from_py(obj_ptr, out):
+    t = ctypes.cast(obj_ptr, ctypes.py_object).value
+    if t.refuse:  # (ctypes cannot leave a Python exception set on return: a silent refusal)
+        return -1
+    a = t.array
+    t._shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+    t._strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))
+    o = out.contents
+    o.data = a.ctypes.data - t.byte_offset
+    o.device = DLDevice(1, 0)  # kDLCPU
+    o.ndim = a.ndim
+    o.dtype = DLDataType(_CODES[a.dtype.kind], a.dtype.itemsize * 8, 1)
+    o.shape = t._shape
+    o.strides = t._strides
+    o.byte_offset = t.byte_offset
+    return 0
+
+
+def _current_stream(device_type, device_id, out):
+    out[0] = 0x1000 + 16 * device_id + device_type
+    return 0
+
+
+def make_capsule(major=1, prev=None, name=b"dlpack_exchange_api", from_py=True):
+    api = ExchangeApi()
+    api.header.version = Version(major, 3)
+    if prev is not None:
+        api.header.prev_api = ctypes.pointer(prev.header)
+    from_cb = FROM_PY(_from_py) if from_py else FROM_PY()
+    stream_cb = CURRENT_STREAM(_current_stream)
+    api.dltensor_from_py_object_no_sync = from_cb
+    api.current_work_stream = stream_cb
+    cname = ctypes.create_string_buffer(name)
+    _KEEP.extend([api, from_cb, stream_cb, cname, prev])
+    return _capsule_new(ctypes.addressof(api), cname, None), api
+
+
+def producer(capsule):
+    """A tensor type over a numpy array that publishes `capsule` and also speaks `__dlpack__`."""
+
+    class Tensor:
+        __dlpack_c_exchange_api__ = capsule
+
+        def __init__(self, array, byte_offset=0):
+            self.array = array
+            self.byte_offset = byte_offset
+            self.refuse = False
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    return Tensor
+
+
+V1, V1_TABLE = make_capsule()
+
+
+def test_fast_path_describes_the_same_memory_as_dlpack():
+    Tensor = producer(V1)
+    base = np.arange(4 * 6, dtype=np.int32).reshape(4, 6)
+    for a in (base, base[1:3], base[:, ::2], np.zeros((0, 5), np.uint8), np.arange(7, dtype=np.uint32)):
+        fast = _core._array_import(Tensor(a))
+        slow = _core._array_import(a)
+        assert fast["path"] == "exchange" and slow["path"] == "dlpack"
+        for key in ("data", "shape", "strides", "dtype", "device"):
+            assert fast[key] == slow[key], key
+        assert fast["data"] == a.ctypes.data
+        assert fast["shape"] == a.shape
+        assert fast["strides"] == tuple(s // a.itemsize for s in a.strides)
+
+
+def test_byte_offset_is_folded_into_the_pointer():
+    Tensor = producer(V1)
+    a = np.arange(16, dtype=np.int32)
+    got = _core._array_import(Tensor(a[4:], byte_offset=16))
+    assert got["path"] == "exchange" and got["data"] == a[4:].ctypes.data
+
+
+def test_the_producers_refusal_is_raised():
+    Tensor = producer(V1)
+    t = Tensor(np.zeros(3, np.int32))
+    t.refuse = True
+    with pytest.raises(TypeError, match="exchange API refused it"):
+        _core._array_import(t)
+
+
+def test_tables_that_do_not_fit_fall_back_to_dlpack():
+    a = np.arange(6, dtype=np.int32)
+    wrong_name, _ = make_capsule(name=b"not_the_api")
+    newer, _ = make_capsule(major=2)
+    no_tensor_fn, _ = make_capsule(from_py=False)
+    for capsule in (wrong_name, newer, no_tensor_fn, 7, None):
+        got = _core._array_import(producer(capsule)(a))
+        assert got["path"] == "dlpack" and got["data"] == a.ctypes.data
+
+
+def test_a_newer_table_chaining_version_1_is_used():
+    newer, _ = make_capsule(major=2, prev=V1_TABLE)
+    a = np.arange(6, dtype=np.int32)
+    got = _core._array_import(producer(newer)(a))
+    assert got["path"] == "exchange" and got["data"] == a.ctypes.data
+
+
+def test_calls_given_no_stream_ask_the_registered_framework():
+    assert _core._default_stream(3) == 0  # no torch here: the legacy default stream
+    try:
+        assert _core._set_stream_api(V1)
+        assert _core._default_stream(3) == 0x1000 + 16 * 3 + 2  # kDLCUDA, device 3
+        assert _core._default_stream(0) == 0x1000 + 2
+        assert not _core._set_stream_api(make_capsule(name=b"other")[0])  # not taken: back to the provider
+        assert _core._default_stream(3) == 0
+        assert _core._set_stream_api(V1)
+    finally:
+        assert not _core._set_stream_api(None)
+    assert _core._default_stream(3) == 0
+
+
+def test_host_calls_take_exchange_api_tensors():
+    # The host backend imports through nanobind's own caster (`__dlpack__`): such tensors work there too.
+    Tensor = producer(V1)
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 1, "max_rows": 64})
+    hist = History(h.layout)
+    h.admit(5)
+    rows = hist.new_rows(1, 40)
+    h.append(5, 1, Tensor(rows))
+    hist.add(5, 1, rows)
+    assert h.frontier(5, 1) == 40
+    sel = np.array([[0, 3, -1, 5, 39]], dtype=np.int32)
+    loc = np.zeros_like(sel)
+    h.resolve(1, [5], Tensor(sel), Tensor(loc))
+    check_rows(h, hist, 1, [5], sel, loc)
+
+
+def test_the_package_registers_torchs_stream_api_when_it_sees_torch(monkeypatch):
+    import sys
+    import types
+
+    class Stream:
+        cuda_stream = 0x777
+
+    fake = types.SimpleNamespace(
+        Tensor=producer(V1),
+        cuda=types.SimpleNamespace(is_available=lambda: True, current_stream=lambda device=None: Stream()))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    try:
+        assert dhisparse._current_stream(1) == 0x777  # the Python provider, which registers the API
+        assert _core._default_stream(1) == 0x1000 + 16 + 2  # from C, through the registered API
+    finally:
+        _core._set_stream_api(None)
+        monkeypatch.setattr(dhisparse, "_stream_api_source", None)
