@@ -51,6 +51,13 @@ def projected_step_ms(doc, row):
     return (row["p50_ms"] - stand_in) * projection_factor(doc, row["model"]) + stand_in
 
 
+def projected_tokens_per_s(doc, row):
+    """The whole model's tokens/s estimate: the live sessions' tokens of a step (1 + accepted, on
+    average, for a speculative row) over the projected step."""
+    proj = projected_step_ms(doc, row)
+    return row["live"] * (row.get("tokens_per_step") or 1.0) * 1000.0 / proj if proj > 0 else 0.0
+
+
 def series_name(row):
     """The policy, with "+spec" for a speculative row (bench_decode --spec), so the two never share a line."""
     return row["policy"] + ("+spec" if (row.get("spec_block") or 1) > 1 else "")
@@ -87,8 +94,8 @@ def table(doc):
              f"{'tok/s':>10} {'proj. ms':>9} {'proj. tok/s':>11} {'host %':>7} {'mismatch':>8}"]
     for r in measured(doc):
         proj = projected_step_ms(doc, r)
-        ptok = r["live"] * 1000.0 / proj if proj > 0 else 0.0
-        lines.append(f"{r['model']:<20} {r['policy']:<12} {r['context']:>7} {r['target_c']:>4} "
+        ptok = projected_tokens_per_s(doc, r)
+        lines.append(f"{r['model']:<20} {series_name(r):<12} {r['context']:>7} {r['target_c']:>4} "
                      f"{'on' if r['stand_in'] else 'off':>8} {str(r['admitted']) + '/' + str(r['planner_count']):>9} "
                      f"{r['p50_ms']:>8.3f} {r['tokens_per_s']:>10.1f} {proj:>9.3f} {ptok:>11.1f} "
                      f"{100 * r['host_share']:>7.2f} {r['mismatches']:>8}")

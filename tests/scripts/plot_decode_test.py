@@ -81,6 +81,9 @@ class PlotDecodeTest(unittest.TestCase):
         self.assertAlmostEqual(plot_decode.projected_step_ms(self.doc, r), 64.0)
         off = self.doc["results"][3]  # stand-in off: the whole step scales
         self.assertAlmostEqual(plot_decode.projected_step_ms(self.doc, off), 42.0)
+        self.assertAlmostEqual(plot_decode.projected_tokens_per_s(self.doc, r), 64 * 1000.0 / 64.0)
+        spec = dict(r, spec_block=8, tokens_per_step=2.5)  # a speculative step emits 2.5 tokens a session
+        self.assertAlmostEqual(plot_decode.projected_tokens_per_s(self.doc, spec), 64 * 2.5 * 1000.0 / 64.0)
 
     def test_series_sorted_by_c(self):
         s = plot_decode.tokens_series(self.doc, "glm-5.3")
