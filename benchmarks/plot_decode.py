@@ -90,12 +90,12 @@ def models(doc):
 
 
 def table(doc):
-    lines = [f"{'model':<20} {'policy':<12} {'context':>7} {'C':>4} {'stand-in':>8} {'admit':>9} {'p50 ms':>8} "
+    lines = [f"{'model':<20} {'policy':<17} {'context':>7} {'C':>4} {'stand-in':>8} {'admit':>9} {'p50 ms':>8} "
              f"{'tok/s':>10} {'proj. ms':>9} {'proj. tok/s':>11} {'host %':>7} {'mismatch':>8}"]
     for r in measured(doc):
         proj = projected_step_ms(doc, r)
         ptok = projected_tokens_per_s(doc, r)
-        lines.append(f"{r['model']:<20} {series_name(r):<12} {r['context']:>7} {r['target_c']:>4} "
+        lines.append(f"{r['model']:<20} {series_name(r):<17} {r['context']:>7} {r['target_c']:>4} "
                      f"{'on' if r['stand_in'] else 'off':>8} {str(r['admitted']) + '/' + str(r['planner_count']):>9} "
                      f"{r['p50_ms']:>8.3f} {r['tokens_per_s']:>10.1f} {proj:>9.3f} {ptok:>11.1f} "
                      f"{100 * r['host_share']:>7.2f} {r['mismatches']:>8}")
