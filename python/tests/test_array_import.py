@@ -174,7 +174,9 @@ def test_a_newer_table_chaining_version_1_is_used():
 
 
 def test_calls_given_no_stream_ask_the_registered_framework():
-    assert _core._default_stream(3) == 0  # no torch here: the legacy default stream
+    _core._set_stream_api(None)  # torch's, where torch is imported
+    _core._set_stream_provider(lambda device: 0)  # what the package's provider answers without torch
+    assert _core._default_stream(3) == 0
     try:
         assert _core._set_stream_api(V1)
         assert _core._default_stream(3) == 0x1000 + 16 * 3 + 2  # kDLCUDA, device 3
@@ -184,7 +186,9 @@ def test_calls_given_no_stream_ask_the_registered_framework():
         assert _core._set_stream_api(V1)
     finally:
         assert not _core._set_stream_api(None)
-    assert _core._default_stream(3) == 0
+        assert _core._default_stream(3) == 0
+        _core._set_stream_provider(dhisparse._current_stream)
+        dhisparse._stream_api_source = None  # torch's API is registered again on next use
 
 
 def test_host_calls_take_exchange_api_tensors():
