@@ -51,8 +51,9 @@ def _current_stream(device: Optional[int] = None) -> int:
     current stream, whatever device is current: objects take only streams of their own GPU."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
-        _use_framework_stream_api(torch)
-        return torch.cuda.current_stream(device).cuda_stream
+        stream = torch.cuda.current_stream(device).cuda_stream
+        _use_framework_stream_api(torch)  # after torch answered once (its lazy CUDA set-up done)
+        return stream
     return 0
 
 

@@ -40,7 +40,10 @@ const dlpack_exchange_api* exchange_api_of(PyTypeObject* type) {
   for (std::size_t i = 0; i < used; ++i)
     if (cache[i].type == type) return cache[i].api;
   PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
-  if (capsule == nullptr) PyErr_Clear();
+  if (capsule == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();  // not "absent"
+    PyErr_Clear();
+  }
   const dlpack_exchange_api* api = capsule ? exchange_api_from_capsule(capsule) : nullptr;
   if (used < cache.size()) {
     Py_INCREF(type);  // the entry's key must not be freed and reused by another type
@@ -54,9 +57,14 @@ const dlpack_exchange_api* exchange_api_of(PyTypeObject* type) {
 bool framework_current_stream(int device, std::uintptr_t& stream) {
   if (stream_api == nullptr) return false;
   void* s = nullptr;
-  if (stream_api->current_work_stream(dlpack_cuda, device, &s) != 0) throw nb::python_error();
+  if (stream_api->current_work_stream(dlpack_cuda, device, &s) != 0) raise_exchange_refusal();
   stream = reinterpret_cast<std::uintptr_t>(s);
   return true;
+}
+
+void clear_framework_stream_api() {
+  stream_api = nullptr;
+  stream_api_capsule = nb::object();
 }
 
 void bind_array_import(nb::module_& m) {
@@ -74,10 +82,10 @@ void bind_array_import(nb::module_& m) {
       "for calls given no stream; None goes back to the stream provider. Returns whether it was taken.");
   m.def(
       "_array_import",
-      [](nb::handle obj) {
-        nb::ndarray<nb::ro> a;
-        const bool fast = import_through_exchange_api(obj, a);
-        if (!fast) a = import_array<nb::ndarray<nb::ro>>(obj, "array");
+      [](nb::handle obj, bool writable) {
+        bool fast = false;
+        const nb::ndarray<nb::ro> a = writable ? nb::ndarray<nb::ro>(import_array<nb::ndarray<>>(obj, "array", &fast))
+                                               : import_array<nb::ndarray<nb::ro>>(obj, "array", &fast);
         nb::list shape, strides;
         for (std::size_t d = 0; d < a.ndim(); ++d) {
           shape.append(a.shape(d));
@@ -92,12 +100,11 @@ void bind_array_import(nb::module_& m) {
         d["device"] = nb::make_tuple(a.device_type(), a.device_id());
         return d;
       },
-      nb::arg("obj"), "Test hook: how the binding imports `obj` and what it sees (path, data, shape, strides, dtype, device).");
+      nb::arg("obj"), nb::arg("writable") = false,
+      "Test hook: how the binding's import_array takes `obj` (as an input, or as an array it writes) and what it "
+      "sees (path, data, shape, strides, dtype, device).");
   // Drop the capsule before the interpreter tears the module down.
-  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
-    stream_api = nullptr;
-    stream_api_capsule = nb::object();
-  }));
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { clear_framework_stream_api(); }));
 }
 
 }  // namespace dhisparse::python

@@ -26,9 +26,20 @@ struct dlpack_exchange_api {
     version_t version;
     const header_t* prev_api;  ///< an older version of the table, or null
   };
+  /// DLManagedTensorVersioned: an owned description with flags (bit 0: read-only).
+  struct managed_tensor_t {
+    version_t version;
+    void* manager_ctx;
+    void (*deleter)(managed_tensor_t* self);
+    std::uint64_t flags;
+    nb::dlpack::dltensor dl_tensor;
+  };
+  static constexpr std::uint64_t flag_read_only = 1;
   header_t header;
   void* managed_tensor_allocator;
-  void* managed_tensor_from_py_object_no_sync;
+  /// Describes `py_object` in a new owned tensor (the caller calls its deleter); 0 on success, -1
+  /// with a Python exception set.
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, managed_tensor_t** out);
   void* managed_tensor_to_py_object_no_sync;
   /// Describes `py_object` in `out` (non-owning: valid while the object lives, unchanged); 0 on
   /// success, -1 with a Python exception set. Optional (may be null).
@@ -45,18 +56,16 @@ const dlpack_exchange_api* exchange_api_of(PyTypeObject* type);
 /// or has no version-1 table.
 const dlpack_exchange_api* exchange_api_from_capsule(PyObject* capsule);
 
-/// Imports `obj` as `A` (an nb::ndarray) through the exchange API of its type. Returns false when
-/// the type offers none (the caller falls back to `__dlpack__`); raises the producer's exception
-/// when it refuses the object.
+/// Raises the producer's exception after an exchange-API call returned non-zero (or a TypeError
+/// when it set none).
+[[noreturn]] inline void raise_exchange_refusal() {
+  if (PyErr_Occurred() != nullptr) throw nb::python_error();
+  throw nb::type_error("the array's DLPack exchange API refused it without saying why");
+}
+
+/// `A` (an nb::ndarray) over the memory `t` describes, owned by `obj`; false for an ndim past 8.
 template <class A>
-bool import_through_exchange_api(nb::handle obj, A& out) {
-  const dlpack_exchange_api* api = exchange_api_of(Py_TYPE(obj.ptr()));
-  if (api == nullptr || api->dltensor_from_py_object_no_sync == nullptr) return false;
-  nb::dlpack::dltensor t;
-  if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
-    if (PyErr_Occurred() != nullptr) throw nb::python_error();
-    throw nb::type_error("the array's DLPack exchange API refused it without saying why");
-  }
+bool ndarray_from_dltensor(const nb::dlpack::dltensor& t, nb::handle obj, A& out) {
   constexpr int max_ndim = 8;
   if (t.ndim < 0 || t.ndim > max_ndim) return false;  // unusual: leave it to __dlpack__
   std::size_t shape[max_ndim];
@@ -67,15 +76,46 @@ bool import_through_exchange_api(nb::handle obj, A& out) {
   return true;
 }
 
+/// Imports `obj` as `A` (an nb::ndarray) through the exchange API of its type. Returns false when
+/// the type offers none, or when `A` is writable and the producer marks the array read-only (the
+/// caller falls back to `__dlpack__`, whose import refuses it); raises the producer's exception
+/// when it refuses the object. A read-only `A` takes the non-owning description; a writable one
+/// the owned one, whose flags say whether the array may be written.
+template <class A>
+bool import_through_exchange_api(nb::handle obj, A& out) {
+  const dlpack_exchange_api* api = exchange_api_of(Py_TYPE(obj.ptr()));
+  if (api == nullptr) return false;
+  if constexpr (A::ReadOnly) {
+    if (api->dltensor_from_py_object_no_sync == nullptr) return false;
+    nb::dlpack::dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) raise_exchange_refusal();
+    return ndarray_from_dltensor(t, obj, out);
+  } else {
+    if (api->managed_tensor_from_py_object_no_sync == nullptr) return false;
+    dlpack_exchange_api::managed_tensor_t* m = nullptr;
+    if (api->managed_tensor_from_py_object_no_sync(obj.ptr(), &m) != 0) raise_exchange_refusal();
+    struct release {
+      dlpack_exchange_api::managed_tensor_t* m;
+      ~release() {
+        if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+      }
+    } guard{m};
+    if (m == nullptr || (m->flags & dlpack_exchange_api::flag_read_only) != 0) return false;
+    return ndarray_from_dltensor(m->dl_tensor, obj, out);  // `obj` keeps the memory alive
+  }
+}
+
 /// Imports an array without a copy and without a stream sync: through the exchange API of its
 /// type when offered, else through `__dlpack__`. Called with no stream, `__dlpack__` (torch, the
 /// array API) makes the legacy default stream wait for the current one: an event per array per
 /// call, and an error inside a graph capture. `stream=-1` asks for no synchronisation; ordering is
 /// the caller's, through the `stream` argument of each call. Other arrays are imported as given.
 template <class A>
-A import_array(nb::handle obj, const char* name) {
+A import_array(nb::handle obj, const char* name, bool* through_exchange_api = nullptr) {
   A a;
-  if (import_through_exchange_api(obj, a)) return a;
+  const bool fast = import_through_exchange_api(obj, a);
+  if (through_exchange_api != nullptr) *through_exchange_api = fast;
+  if (fast) return a;
   nb::object src = nb::borrow(obj);
   if (nb::hasattr(obj, "__dlpack_device__")) {
     const auto dev = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
@@ -97,6 +137,8 @@ A import_array(nb::handle obj, const char* name) {
 /// (torch's, once the package has seen torch imported): true and `stream` set, or false when none
 /// is registered. Raises the framework's exception when it fails.
 bool framework_current_stream(int device, std::uintptr_t& stream);
+/// Forgets the registered framework (calls given no stream go back to the stream provider).
+void clear_framework_stream_api();
 
 /// Registers `_set_stream_api` and `_array_import` (a test hook: how an object is imported and
 /// what it describes).

@@ -73,9 +73,13 @@ std::uintptr_t default_stream(std::optional<std::uintptr_t> given, int device) {
 }
 
 void bind_types(nb::module_& m) {
-  m.def("_set_stream_provider", [](nb::object f) { stream_provider = std::move(f); },
+  m.def("_set_stream_provider",
+        [](nb::object f) {
+          stream_provider = std::move(f);
+          clear_framework_stream_api();  // the provider set last is the one asked
+        },
         "Callable taking a CUDA device ordinal and returning the stream handle that a call on an object "
-        "of that device uses when it is given none.");
+        "of that device uses when it is given none; forgets a framework registered with _set_stream_api.");
   // Drop the provider before the interpreter tears the module down.
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { stream_provider = nb::object(); }));
 

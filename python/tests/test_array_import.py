@@ -49,11 +49,26 @@ FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(DLTenso
 CURRENT_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
 
 
+class ManagedTensor(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(ManagedTensor))
+ManagedTensor._fields_ = [
+    ("version", Version),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", DELETER),
+    ("flags", ctypes.c_uint64),
+    ("dl_tensor", DLTensor),
+]
+MANAGED_FROM_PY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(ManagedTensor)))
+
+
 class ExchangeApi(ctypes.Structure):
     _fields_ = [
         ("header", Header),
         ("managed_tensor_allocator", ctypes.c_void_p),
-        ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("managed_tensor_from_py_object_no_sync", MANAGED_FROM_PY),
         ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
         ("dltensor_from_py_object_no_sync", FROM_PY),
         ("current_work_stream", CURRENT_STREAM),
@@ -65,23 +80,44 @@ _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
 _CODES = {"i": 0, "u": 1, "f": 2}
 _KEEP = []  # names, tables and callbacks the capsules point to
+_LIVE = {}  # managed tensors handed out and not yet deleted, by address
 
 
-def _from_py(obj_ptr, out):
-    t = ctypes.cast(obj_ptr, ctypes.py_object).value
+def _describe(t, o):
+    """Fills DLTensor `o` from the producer tensor `t` (its numpy array); False to refuse."""
     if t.refuse:  # (ctypes cannot leave a Python exception set on return: a silent refusal)
-        return -1
+        return False
     a = t.array
-    t._shape = (ctypes.c_int64 * a.ndim)(*a.shape)
-    t._strides = (ctypes.c_int64 * a.ndim)(*(s // a.itemsize for s in a.strides))
-    o = out.contents
+    t._shape = (ctypes.c_int64 * max(1, a.ndim))(*a.shape)
+    t._strides = (ctypes.c_int64 * max(1, a.ndim))(*(s // a.itemsize for s in a.strides))
     o.data = a.ctypes.data - t.byte_offset
     o.device = DLDevice(1, 0)  # kDLCPU
     o.ndim = a.ndim
     o.dtype = DLDataType(_CODES[a.dtype.kind], a.dtype.itemsize * 8, 1)
     o.shape = t._shape
-    o.strides = t._strides
+    o.strides = None if t.null_strides else t._strides  # NULL: compact row-major
     o.byte_offset = t.byte_offset
+    return True
+
+
+def _from_py(obj_ptr, out):
+    return 0 if _describe(ctypes.cast(obj_ptr, ctypes.py_object).value, out.contents) else -1
+
+
+def _delete(m):
+    _LIVE.pop(ctypes.addressof(m.contents))
+
+
+def _managed_from_py(obj_ptr, out):
+    t = ctypes.cast(obj_ptr, ctypes.py_object).value
+    m = ManagedTensor()
+    if not _describe(t, m.dl_tensor):
+        return -1
+    m.version = Version(1, 3)
+    m.deleter = _DELETE
+    m.flags = 1 if t.read_only else 0  # DLPACK_FLAG_BITMASK_READ_ONLY
+    _LIVE[ctypes.addressof(m)] = (m, t)
+    out[0] = ctypes.pointer(m)
     return 0
 
 
@@ -90,17 +126,22 @@ def _current_stream(device_type, device_id, out):
     return 0
 
 
+_DELETE = DELETER(_delete)
+
+
 def make_capsule(major=1, prev=None, name=b"dlpack_exchange_api", from_py=True):
     api = ExchangeApi()
     api.header.version = Version(major, 3)
     if prev is not None:
         api.header.prev_api = ctypes.pointer(prev.header)
     from_cb = FROM_PY(_from_py) if from_py else FROM_PY()
+    managed_cb = MANAGED_FROM_PY(_managed_from_py) if from_py else MANAGED_FROM_PY()
     stream_cb = CURRENT_STREAM(_current_stream)
     api.dltensor_from_py_object_no_sync = from_cb
+    api.managed_tensor_from_py_object_no_sync = managed_cb
     api.current_work_stream = stream_cb
     cname = ctypes.create_string_buffer(name)
-    _KEEP.extend([api, from_cb, stream_cb, cname, prev])
+    _KEEP.extend([api, from_cb, managed_cb, stream_cb, cname, prev])
     return _capsule_new(ctypes.addressof(api), cname, None), api
 
 
@@ -110,9 +151,11 @@ def producer(capsule):
     class Tensor:
         __dlpack_c_exchange_api__ = capsule
 
-        def __init__(self, array, byte_offset=0):
+        def __init__(self, array, byte_offset=0, read_only=False, null_strides=False):
             self.array = array
             self.byte_offset = byte_offset
+            self.read_only = read_only
+            self.null_strides = null_strides
             self.refuse = False
 
         def __dlpack__(self, **kwargs):
@@ -173,25 +216,57 @@ def test_a_newer_table_chaining_version_1_is_used():
     assert got["path"] == "exchange" and got["data"] == a.ctypes.data
 
 
+def test_writable_arrays_take_the_owned_description_and_respect_read_only():
+    Tensor = producer(V1)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    got = _core._array_import(Tensor(a), writable=True)
+    assert got["path"] == "exchange" and got["data"] == a.ctypes.data and got["shape"] == (3, 4)
+    assert not _LIVE  # the owned description was deleted once
+    # A producer that marks the array read-only: not written through the fast path (the fallback's
+    # import decides; numpy's own array here is writable).
+    got = _core._array_import(Tensor(a, read_only=True), writable=True)
+    assert got["path"] == "dlpack" and got["data"] == a.ctypes.data
+    assert not _LIVE
+    # Inputs take the non-owning description whatever the flag.
+    assert _core._array_import(Tensor(a, read_only=True))["path"] == "exchange"
+
+
+def test_unusual_shapes():
+    Tensor = producer(V1)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    got = _core._array_import(Tensor(a, null_strides=True))  # NULL strides: compact row-major
+    assert got["path"] == "exchange" and got["strides"] == (4, 1)
+    scalar = np.array(7, dtype=np.int32)
+    got = _core._array_import(Tensor(scalar))
+    assert got["path"] == "exchange" and got["shape"] == () and got["data"] == scalar.ctypes.data
+    deep = np.zeros((1,) * 9, dtype=np.int32)  # past the 8 dimensions the fast path takes
+    got = _core._array_import(Tensor(deep))
+    assert got["path"] == "dlpack" and got["shape"] == (1,) * 9
+
+
 def test_calls_given_no_stream_ask_the_registered_framework():
-    _core._set_stream_api(None)  # torch's, where torch is imported
-    _core._set_stream_provider(lambda device: 0)  # what the package's provider answers without torch
-    assert _core._default_stream(3) == 0
     try:
+        _core._set_stream_api(None)  # torch's, where torch is imported
+        _core._set_stream_provider(lambda device: 0)  # what the package's provider answers without torch
+        assert _core._default_stream(3) == 0
         assert _core._set_stream_api(V1)
         assert _core._default_stream(3) == 0x1000 + 16 * 3 + 2  # kDLCUDA, device 3
         assert _core._default_stream(0) == 0x1000 + 2
         assert not _core._set_stream_api(make_capsule(name=b"other")[0])  # not taken: back to the provider
         assert _core._default_stream(3) == 0
         assert _core._set_stream_api(V1)
-    finally:
+        _core._set_stream_provider(lambda device: 9)  # a provider set later is the one asked
+        assert _core._default_stream(3) == 9
+        assert _core._set_stream_api(V1)
         assert not _core._set_stream_api(None)
-        assert _core._default_stream(3) == 0
+        assert _core._default_stream(3) == 9
+    finally:
+        _core._set_stream_api(None)
         _core._set_stream_provider(dhisparse._current_stream)
         dhisparse._stream_api_source = None  # torch's API is registered again on next use
 
 
-def test_host_calls_take_exchange_api_tensors():
+def test_host_calls_take_tensors_of_producers_with_the_exchange_api():
     # The host backend imports through nanobind's own caster (`__dlpack__`): such tensors work there too.
     Tensor = producer(V1)
     h = dhisparse.Hierarchy("tiny", {"max_requests": 1, "max_rows": 64})
@@ -223,4 +298,4 @@ def test_the_package_registers_torchs_stream_api_when_it_sees_torch(monkeypatch)
         assert _core._default_stream(1) == 0x1000 + 16 + 2  # from C, through the registered API
     finally:
         _core._set_stream_api(None)
-        monkeypatch.setattr(dhisparse, "_stream_api_source", None)
+        dhisparse._stream_api_source = None

@@ -229,12 +229,26 @@ def test_torch_tensors_and_streams_through_the_exchange_api_when_offered():
     assert got["path"] == ("exchange" if offered else "dlpack")
     assert got["data"] == t.data_ptr() and got["shape"] == (2, 6) and got["strides"] == (6, 1)
     assert got["dtype"] == (0, 32, 1) and got["device"] == (2, t.device.index)
+    out = dhisparse._core._array_import(t, writable=True)  # an array the call writes: torch's owned description
+    assert out["path"] == got["path"] and out["data"] == t.data_ptr() and out["strides"] == (6, 1)
     dev = torch.cuda.current_device()
-    dhisparse._current_stream()  # the package registers torch's API when it first sees torch
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        assert dhisparse._core._default_stream(dev) == side.cuda_stream
-    assert dhisparse._core._default_stream(dev) == torch.cuda.current_stream().cuda_stream
+    if offered:  # stream=None answered from C: a provider that fails shows it is not asked
+
+        def not_asked(device):
+            raise AssertionError("the Python stream provider was asked")
+
+        dhisparse._core._set_stream_provider(not_asked)
+        assert dhisparse._core._set_stream_api(torch.Tensor.__dlpack_c_exchange_api__)
+    try:
+        with torch.cuda.stream(side):
+            assert dhisparse._core._default_stream(dev) == side.cuda_stream
+        assert dhisparse._core._default_stream(dev) == torch.cuda.current_stream().cuda_stream
+    finally:
+        dhisparse._core._set_stream_provider(dhisparse._current_stream)
+        dhisparse._stream_api_source = None  # registered again on next use
+    dhisparse._current_stream()  # the package registers torch's API when it first sees torch
+    assert dhisparse._stream_api_source is torch
 
 
 def test_default_stream_is_of_the_objects_device():
@@ -246,8 +260,7 @@ def test_default_stream_is_of_the_objects_device():
         asked.append(device)
         return dhisparse._current_stream(device)
 
-    dhisparse._core._set_stream_api(None)  # torch's C stream API, when registered, bypasses the provider
-    dhisparse._core._set_stream_provider(provider)
+    dhisparse._core._set_stream_provider(provider)  # (forgets torch's C stream API, which would bypass it)
     try:
         h.admit(1)
         h.synchronize()
