@@ -1,7 +1,8 @@
 // Exactness at scale (Invariant 2): every location the CUDA resolver returns holds the selected
 // row's bytes, bit for bit, in every payload layer it materialised: well over 10^5 returned rows,
 // most of them fresh misses recovered from the pinned host store, over full batches of 16
-// requests, alternating `all` and `producer_only` + follower copies, with optional pages mapped.
+// requests, alternating `all` and `producer_only` + follower copies (of every launch shape), with
+// optional pages mapped.
 // Independent of the host backend: rows are checked against their generator.
 #include "cuda_test_support.cuh"
 
@@ -85,6 +86,10 @@ TEST_CASE("every returned row is exact at scale", "[gpu][exactness]") {
       REQUIRE(st.direct + st.hot + st.host == st.selected);
       recovered += st.rows_copied;
       if (producer_only) {
+        // Every launch shape of the follower copy (warps per SM, rows per warp) copies the same rows.
+        constexpr unsigned shapes[][2] = {{32, 2}, {1, 1}, {8, 1}, {16, 2}, {64, 1}, {5, 2}};
+        const auto& shape = shapes[(step / 4) % std::size(shapes)];
+        h.set_follower_copy_shape(shape[0], shape[1]);
         h.copy_follower(s, 1, stream);
         wait_or_die(stream, "exactness follower copy");
         h.check_errors(stream);

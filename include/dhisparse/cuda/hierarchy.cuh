@@ -316,6 +316,16 @@ class hierarchy {
     tuning_.early_copy_warps = copy_warps;
     tuning_.early_rows_per_warp = rows_per_warp;
   }
+  /// Shape of `copy_follower` after a resolve (a tuning switch): copying warps per SM, 1-64
+  /// (default 32), and rows each warp keeps in flight, 1 or 2 (default 2). Fewer rows in flight
+  /// touch fewer host pages at once. Throws invalid_configuration outside those ranges, with the
+  /// shape unchanged.
+  void set_follower_copy_shape(unsigned warps_per_sm, unsigned rows_per_warp) {
+    if (warps_per_sm < 1 || warps_per_sm > 64 || rows_per_warp < 1 || rows_per_warp > 2)
+      throw invalid_configuration("follower copy shape: warps per SM must be 1-64 and rows per warp 1 or 2 (got " +
+                                  std::to_string(warps_per_sm) + ", " + std::to_string(rows_per_warp) + ")");
+    follower_shape_ = {warps_per_sm, rows_per_warp};
+  }
   /// Largest batch whose copies start early, in selection order (a tuning switch; default every
   /// batch, 0 turns early copies off): see resolve_params::early_copy_max_batch.
   void set_early_copy_max_batch(unsigned entries) { tuning_.early_copy_max_batch = entries; }
@@ -744,7 +754,7 @@ class hierarchy {
       return;
     }
     DHISPARSE_CUDA_TRY(detail::launch_follower_copy(src.view, src.ws, static_cast<unsigned>(layer),
-                                                    static_cast<unsigned>(top_k), sm_count_ * 2, stream,
+                                                    static_cast<unsigned>(top_k), sm_count_, follower_shape_, stream,
                                                     programmatic_launch_));
     src.layer_pending[layer] = false;
   }
@@ -2708,6 +2718,7 @@ class hierarchy {
   int grid_ = 0;
   int pageable_access_ = 0;
   resolve_params tuning_{};  ///< the tuning switches above; layers_to_copy is set per launch
+  detail::follower_copy_shape follower_shape_{};  ///< set_follower_copy_shape
   unsigned resolver_ctas_ = 0;
   bool programmatic_launch_ = false;  // set_programmatic_launch
   bool device_writes_ = false;        // some source had a batched append or commit: eager calls absorb first

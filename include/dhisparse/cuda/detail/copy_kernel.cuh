@@ -21,7 +21,7 @@ inline constexpr int simple_block_threads = 256;
 // --------------------------------------------------------------------------------------------
 // follower copy: layer-wise prefetch replays the producer's plan with the follower's own bytes
 
-template <class OrderIndex>
+template <class OrderIndex, unsigned R>
 __global__ void __launch_bounds__(512)
     follower_copy_kernel(source_view<OrderIndex> src, workspace_view ws, unsigned layer, unsigned top_k) {
   programmatic_launch_prologue();  // the resolve's plan may still be in flight
@@ -37,12 +37,14 @@ __global__ void __launch_bounds__(512)
   std::byte* const pool = src.layer_pool[layer];
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const unsigned warps = (gridDim.x * blockDim.x) >> 5;
-  for (unsigned u0 = 2 * warp; u0 < total; u0 += 2 * warps) {
-    const int4* s[2];
-    int4* d[2];
+  // Neighbouring warps take neighbouring plan units (ascending rows of an entry): each SM reads
+  // neighbouring host rows.
+  for (unsigned u0 = R * warp; u0 < total; u0 += R * warps) {
+    const int4* s[R];
+    int4* d[R];
     unsigned cnt = 0;
 #pragma unroll
-    for (unsigned k = 0; k < 2; ++k) {
+    for (unsigned k = 0; k < R; ++k) {
       s[k] = nullptr;
       d[k] = nullptr;
       const unsigned u = u0 + k;
@@ -54,16 +56,31 @@ __global__ void __launch_bounds__(512)
         ++cnt;
       }
     }
-    warp_copy_rows<2>(s, d, cnt, vecs, lane);
+    warp_copy_rows<R>(s, d, cnt, vecs, lane);
   }
 }
 
+/// Launch shape of a follower copy: copying warps per SM (1-64) and rows each warp keeps in
+/// flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
+struct follower_copy_shape {
+  unsigned warps_per_sm = 32;
+  unsigned rows_per_warp = 2;
+};
+
 template <class OrderIndex>
 cudaError_t launch_follower_copy(const source_view<OrderIndex>& src, const workspace_view& ws, unsigned layer,
-                                 unsigned top_k, int grid, cudaStream_t stream, bool programmatic = false) {
+                                 unsigned top_k, int sm_count, follower_copy_shape shape, cudaStream_t stream,
+                                 bool programmatic = false) {
   const std::size_t smem = (static_cast<std::size_t>(ws.capacity) + 1) * sizeof(unsigned);
-  return launch_kernel(follower_copy_kernel<OrderIndex>, dim3(static_cast<unsigned>(grid)), dim3(512), smem, stream,
-                       programmatic, src, ws, layer, top_k);
+  // CTAs of at most 16 warps, as many per SM as the warps per SM need.
+  const unsigned block_warps = shape.warps_per_sm < 16u ? shape.warps_per_sm : 16u;
+  const unsigned ctas_per_sm = (shape.warps_per_sm + block_warps - 1) / block_warps;
+  const dim3 grid(static_cast<unsigned>(sm_count) * ctas_per_sm), block(32u * block_warps);
+  return shape.rows_per_warp == 1
+             ? launch_kernel(follower_copy_kernel<OrderIndex, 1>, grid, block, smem, stream, programmatic, src, ws,
+                             layer, top_k)
+             : launch_kernel(follower_copy_kernel<OrderIndex, 2>, grid, block, smem, stream, programmatic, src, ws,
+                             layer, top_k);
 }
 
 // --------------------------------------------------------------------------------------------
@@ -222,7 +239,8 @@ cudaError_t launch_store_value(T* where, T value, cudaStream_t stream) {
 template <class OrderIndex>
 cudaError_t preload_hierarchy_kernels() {
   cudaFuncAttributes a{};
-  cudaError_t e = cudaFuncGetAttributes(&a, follower_copy_kernel<OrderIndex>);
+  cudaError_t e = cudaFuncGetAttributes(&a, follower_copy_kernel<OrderIndex, 1>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, follower_copy_kernel<OrderIndex, 2>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, append_kernel<OrderIndex>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, optional_page_kernel<OrderIndex>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, reset_slots_kernel<OrderIndex>);
