@@ -64,7 +64,9 @@ void usage() {
       "             [--concurrency=1,4,16,32,64,128,208,256] [--policies=resident,fixed-budget,adaptive]\n"
       "             [--budget-gib=90] [--weight-gib=6.6 (0: no stand-in)] [--hidden=7168] [--heads=16]\n"
       "             [--drift=0.3] [--warmup=3] [--timed=20] [--phased=5] [--gen-tokens=1024]\n"
-      "             [--no-stand-in-off] [--no-check] [--spec] [--spec-alpha=0.7] [--spec-fixed-gib=6.6]");
+      "             [--no-stand-in-off] [--no-check] [--spec] [--spec-alpha=0.7] [--spec-fixed-gib=6.6]\n"
+      "             [--copy-layers=producer|all (follower layers by copy_follower, or all in the resolve)]\n"
+      "             [--follower-shape=WARPS_PER_SM,ROWS_PER_WARP (set_follower_copy_shape; default the library's)]");
 }
 
 cli parse(int argc, char** argv) {
@@ -127,6 +129,19 @@ cli parse(int argc, char** argv) {
       c.run.phased = static_cast<unsigned>(u64(*v));
     } else if (auto v = val("--gen-tokens")) {
       c.run.gen_tokens = u64(*v);
+    } else if (auto v = val("--follower-shape")) {
+      const auto wr = split<unsigned>(*v, [](const std::string& x) { return static_cast<unsigned>(std::stoul(x)); });
+      if (wr.size() != 2) throw std::invalid_argument("--follower-shape takes WARPS_PER_SM,ROWS_PER_WARP");
+      c.run.follower_warps_per_sm = wr[0];
+      c.run.follower_rows_per_warp = wr[1];
+    } else if (auto v = val("--copy-layers")) {
+      if (*v == "producer") {
+        c.run.resolve_copies = dhisparse::copy_layers::producer_only;
+      } else if (*v == "all") {
+        c.run.resolve_copies = dhisparse::copy_layers::all;
+      } else {
+        throw std::invalid_argument("--copy-layers must be producer or all");
+      }
     } else {
       usage();
       throw std::invalid_argument("unknown argument " + a);
@@ -148,6 +163,9 @@ std::string settings_json(const cli& c, const std::string& device, const dm::sta
     << ", \"spec\": " << (c.run.spec_too ? "true" : "false") << ", \"spec_alpha\": " << c.run.spec_alpha
     << ", \"spec_fixed_gib\": " << c.run.spec_fixed_gib
     << ", \"spec_drafter\": \"dflash2\""
+    << ", \"resolve_copies\": \""
+    << (c.run.resolve_copies == dhisparse::copy_layers::all ? "all" : "producer_only") << "\""
+    << ", \"follower_shape\": [" << c.run.follower_warps_per_sm << ", " << c.run.follower_rows_per_warp << "]"
     << ", \"slice_sources\": 1, \"model_sources\": {\"glm-5.3\": 21, \"deepseek-v4.1-flash\": 8}"
     << ", \"hot_rows\": {\"glm-5.3\": " << dm::glm53_hot_rows << ", \"deepseek-v4.1-flash\": "
     << dm::deepseek_v41_flash_hot_rows << "}, \"smoke\": " << (c.smoke ? "true" : "false") << "}";

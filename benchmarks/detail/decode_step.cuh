@@ -12,8 +12,8 @@
 ///   top-k      cub::DeviceSegmentedRadixSort::SortPairsDescending of (score, row) per entry (a
 ///              stable LSD sort: ties by ascending row), gather_top_k_kernel (first k)
 ///   resolve    hierarchy::resolve(source, batch_view, producer_only) (resident: locations =
-///              slot * max_rows + row)
-///   followers  hierarchy::copy_follower for payload layers 1..
+///              slot * max_rows + row); with --copy-layers=all, copy_layers::all
+///   followers  hierarchy::copy_follower for payload layers 1.. (none with --copy-layers=all)
 ///   attention  attention<row_bytes, value_dims> (split kernel + combine) over every payload
 ///              layer of the source
 ///   stand-in   one cuBLAS GEMM of the batch (speculative: K rows a session) against --weight-gib
@@ -237,6 +237,12 @@ struct run_options {
   double spec_fixed_gib = spec_fixed_gib_default;
   double spec_alpha = 0.7;              ///< per-proposal acceptance of `accepted_length_distribution`
   bool spec_too = false;                ///< run_model: a speculative run beside the plain one (--spec)
+  /// Which payload layers the resolve (verify) copies from the host: producer_only, then one
+  /// `copy_follower` per further layer (layer-wise prefetch, the default), or all of them in the
+  /// resolve itself (no follower copies).
+  dhisparse::copy_layers resolve_copies = dhisparse::copy_layers::producer_only;
+  /// `hierarchy::set_follower_copy_shape` (warps per SM, rows per warp); 0: the library's default.
+  unsigned follower_warps_per_sm = 0, follower_rows_per_warp = 0;
 };
 
 /// What one policy's run produced (besides the result rows).
@@ -327,6 +333,7 @@ class decode_run {
       const auto plan = dhisparse::plan_hierarchy<Slice>(ci);
       optional_pages_ = plan.config.optional_pages;
       h = std::make_unique<hierarchy_t>(plan.config, stream_);
+      if (o_.follower_warps_per_sm != 0) h->set_follower_copy_shape(o_.follower_warps_per_sm, o_.follower_rows_per_warp);
       for (std::uint64_t i = 0; i < live; ++i) {
         const auto a = h->admit(i + 1, stream_);
         if (!a) throw gpu_failure("hierarchy refused admission " + std::to_string(i + 1));
@@ -785,7 +792,7 @@ class decode_run {
       }
       case 3:
         if (h != nullptr) {
-          h->resolve(s, batches_[s].view(), stream_, dhisparse::copy_layers::producer_only);
+          h->resolve(s, batches_[s].view(), stream_, o_.resolve_copies);
           h->copy_stats_async(s, std::span<dhisparse::cuda::entry_stats>(stats_.p + s * cap_, cap_), stream_);
           add_entry_stats_kernel<><<<1, 256, 0, stream_>>>(reinterpret_cast<const std::uint32_t*>(stats_.p + s * cap_), cap_,
                                                          counters_.p);
@@ -795,7 +802,7 @@ class decode_run {
         DHD_CUDA(cudaGetLastError());
         break;
       case 4:
-        if (h != nullptr)
+        if (h != nullptr && o_.resolve_copies == dhisparse::copy_layers::producer_only)
           for (unsigned l = 1; l < layers_of(s); ++l) h->copy_follower(s, l, stream_);
         break;
       case 5:
@@ -858,7 +865,7 @@ class decode_run {
       }
       case 3:
         if (h != nullptr) {
-          h->verify(s, vbatches_[s].view(), stream_, dhisparse::copy_layers::producer_only);
+          h->verify(s, vbatches_[s].view(), stream_, o_.resolve_copies);
           h->copy_verify_stats_async(s, std::span<dhisparse::cuda::verify_entry_stats>(vstats_.p + s * cap_, cap_), stream_);
           add_verify_stats_kernel<><<<1, 256, 0, stream_>>>(reinterpret_cast<const std::uint32_t*>(vstats_.p + s * cap_),
                                                           cap_, counters_.p);
@@ -868,7 +875,7 @@ class decode_run {
         DHD_CUDA(cudaGetLastError());
         break;
       case 4:
-        if (h != nullptr)
+        if (h != nullptr && o_.resolve_copies == dhisparse::copy_layers::producer_only)
           for (unsigned l = 1; l < layers_of(s); ++l) h->copy_follower(s, l, stream_);
         break;
       case 5:

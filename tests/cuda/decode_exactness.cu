@@ -33,7 +33,8 @@ bool have_gpu() {
 }
 
 template <class Full, std::size_t B>
-void check_model(const char* name, std::uint64_t context, unsigned heads) {
+void check_model(const char* name, std::uint64_t context, unsigned heads,
+                 dhisparse::copy_layers copies = dhisparse::copy_layers::producer_only) {
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   dm::stand_in_gemm gemm(0.0, 1024, 8, stream);  // stand-in off: attention path only
@@ -47,6 +48,7 @@ void check_model(const char* name, std::uint64_t context, unsigned heads) {
   o.phased = 2;
   o.stand_in_off_too = false;
   o.keep_outputs = true;
+  o.resolve_copies = copies;
   dm::decode_run<Full, dm::layout_slice<Full, 1>, B> run(name, o, gemm, stream);
   REQUIRE(run.resident_load().admitted == 3);
   REQUIRE(run.hierarchy_load().admitted == 3);
@@ -330,6 +332,11 @@ TEST_CASE("decode step: GLM-5.3 slice, speculative rounds bit-identical across p
 TEST_CASE("decode step: GLM-5.3 slice, outputs bit-identical across policies") {
   if (!have_gpu()) return;  // label gpu: run where a device is
   check_model<dhisparse::layouts::glm53, 4096>("glm-5.3", 6'000, 4);  // 6,000 rows > k = 2,048: misses
+}
+
+TEST_CASE("decode step: GLM-5.3 slice, every payload layer copied by the resolve (no follower copies)") {
+  if (!have_gpu()) return;  // label gpu: run where a device is
+  check_model<dhisparse::layouts::glm53, 4096>("glm-5.3", 6'000, 4, dhisparse::copy_layers::all);
 }
 
 TEST_CASE("decode step: DeepSeek-V4.1-Flash slice (4 positions a row), outputs bit-identical across policies") {
