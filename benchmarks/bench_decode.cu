@@ -193,6 +193,18 @@ int run(int argc, char** argv) {
 
   std::vector<dm::result_row> rows;
   bool failed = false;
+  // The JSON is rewritten whole after every configuration (written to a temporary name, then
+  // renamed), so an invocation stopped part-way keeps what it measured, as a complete document.
+  const auto write_json = [&] {
+    if (c.json.empty()) return;
+    const std::string part = c.json + ".part";
+    {
+      std::ofstream f(part);
+      f << dm::to_json(rows, settings_json(c, prop.name, gemm));
+      if (!f) throw std::runtime_error("cannot write " + part);
+    }
+    if (std::rename(part.c_str(), c.json.c_str()) != 0) throw std::runtime_error("cannot rename " + part + " to " + c.json);
+  };
   for (const auto& model : c.models)
     for (auto ctx : c.contexts)
       for (auto target : c.concurrency) {
@@ -210,6 +222,7 @@ int run(int argc, char** argv) {
           failed = failed || r.mismatches != 0 || r.note.rfind("FAILED", 0) == 0;
         }
         rows.insert(rows.end(), got.begin(), got.end());
+        write_json();
       }
   std::fputs(dm::to_table(rows).c_str(), stdout);
   std::puts("phase medians (ms; phases replayed as separate graphs):");
@@ -232,9 +245,7 @@ int run(int argc, char** argv) {
     }
   }
   if (!c.json.empty()) {
-    std::ofstream f(c.json);
-    f << dm::to_json(rows, settings_json(c, prop.name, gemm));
-    if (!f) throw std::runtime_error("cannot write " + c.json);
+    write_json();  // (also when no configuration ran)
     std::fprintf(stderr, "bench_decode: wrote %s\n", c.json.c_str());
   }
   (void)cudaStreamDestroy(stream);
