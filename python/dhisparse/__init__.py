@@ -124,12 +124,13 @@ def _check_store(store, rank, layout: str, backend: str):
 
 
 def Hierarchy(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None, *,
-              backend: str = "host", stream: Optional[int] = None, store=None, rank: Optional[int] = None):
+              backend: str = "host", stream: Any = None, store=None, rank: Optional[int] = None):
     """A hierarchy of `layout` ('tiny', 'glm53', 'deepseek_v41_flash') with lru_hot_cache<B>
     (B = LAYOUTS[layout]), fixed-budget residency and dedicated staging.
 
     `config` mirrors C++ hierarchy_config: HierarchyConfig, a dict or a dataclass with the same
-    fields. The CUDA backend's default stream is `stream` (default: torch's current stream).
+    fields. The CUDA backend's default stream is `stream` (an int cudaStream_t handle, a
+    torch.cuda.Stream or a CuPy stream; default: torch's current stream).
 
     With `store` (a SharedHostStore or an InterprocessHostStore of the same layout and backend)
     and `rank`, the hierarchy is rank `rank` of the tensor-parallel ranks sharing that store
@@ -144,7 +145,7 @@ def Hierarchy(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], Non
         _check_store(store, rank, layout, backend)
         args = (cfg, store, rank)
     if backend == "cuda":
-        return cls(*args, _current_stream() if stream is None else stream)
+        return cls(*args, _current_stream() if stream is None else _core._stream_handle(stream))
     return cls(*args)
 
 
@@ -296,17 +297,18 @@ def verify_pointers(selections, locations):
 
 def ResidencyManager(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None,
                      residency: Union[ResidencyConfig, Mapping[str, Any], None] = None, *,
-                     policy: str = "adaptive-mra", backend: str = "host", stream: Optional[int] = None):
+                     policy: str = "adaptive-mra", backend: str = "host", stream: Any = None):
     """A residency manager owning a hierarchy of `layout` (see Hierarchy); `policy` is one of
     POLICIES ('fixed-budget', 'adaptive-mra', 'adaptive-lra', 'resident'). `residency` mirrors
-    C++ residency_config. On CUDA the step stream is `stream` (default: torch's current stream)."""
+    C++ residency_config. On CUDA the step stream is `stream` (as for Hierarchy; default: torch's
+    current stream)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {sorted(POLICIES)}")
     cls = _lookup("ResidencyManager", layout, backend, "_" + POLICIES[policy])
     cfg = _config(HierarchyConfig, config, "config")
     rcfg = _config(ResidencyConfig, residency, "residency")
     if backend == "cuda":
-        return cls(cfg, rcfg, _current_stream() if stream is None else stream)
+        return cls(cfg, rcfg, _current_stream() if stream is None else _core._stream_handle(stream))
     return cls(cfg, rcfg)
 
 

@@ -82,6 +82,12 @@ inline std::size_t rows_count(std::size_t bytes, std::optional<std::size_t> coun
 /// The request ids of a batched call.
 using request_list = std::vector<request_id>;
 
+/// A `stream=` argument of a CUDA call: None (the call's default stream), an int cudaStream_t
+/// handle, or a stream object: torch.cuda.Stream (its `cuda_stream`) or a CuPy stream (its `ptr`).
+struct stream_arg {
+  std::optional<std::uintptr_t> handle;
+};
+
 /// Registers the exception classes and the translator (module.cpp).
 void bind_errors(nb::module_& m);
 /// The shared value types: configs, stats, admissions, ledgers, enums (module.cpp).
@@ -90,6 +96,7 @@ void bind_types(nb::module_& m);
 /// the Python package (torch's current stream of that device when torch is imported), else 0
 /// (module.cpp). Per device, because an object takes only streams of its own GPU (wrong_device).
 std::uintptr_t default_stream(std::optional<std::uintptr_t> given, int device);
+inline std::uintptr_t default_stream(const stream_arg& given, int device) { return default_stream(given.handle, device); }
 
 /// Layout facts as a dict (top_k, page_rows, sources: [{row_bytes, positions_per_row, payload_layers}]).
 template <KvLayout L>
@@ -123,3 +130,55 @@ void bind_cuda_deepseek_v41_flash(nb::module_& m);
 #endif
 
 }  // namespace dhisparse::python
+
+namespace nanobind::detail {
+
+/// stream_arg from None, an int, or an object with `cuda_stream` (torch) or `ptr` (CuPy) holding one.
+template <>
+struct type_caster<dhisparse::python::stream_arg> {
+  NB_TYPE_CASTER(dhisparse::python::stream_arg, const_name("int | Stream | None"))
+
+  static bool handle_of(PyObject* o, std::uintptr_t& out) noexcept {
+    if (!PyLong_Check(o) || PyBool_Check(o)) return false;
+    const unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr) {
+      PyErr_Clear();  // negative or too large: not a handle
+      return false;
+    }
+    out = static_cast<std::uintptr_t>(v);
+    return true;
+  }
+
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    if (src.is_none()) {
+      value.handle.reset();
+      return true;
+    }
+    std::uintptr_t h = 0;
+    if (handle_of(src.ptr(), h)) {
+      value.handle = h;
+      return true;
+    }
+    for (const char* attr : {"cuda_stream", "ptr"}) {
+      PyObject* a = PyObject_GetAttrString(src.ptr(), attr);
+      if (a == nullptr) {
+        PyErr_Clear();
+        continue;
+      }
+      const bool ok = handle_of(a, h);
+      Py_DECREF(a);
+      if (ok) {
+        value.handle = h;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static handle from_cpp(const dhisparse::python::stream_arg& s, rv_policy, cleanup_list*) noexcept {
+    if (!s.handle) return none().release();
+    return PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(*s.handle));
+  }
+};
+
+}  // namespace nanobind::detail

@@ -1,8 +1,9 @@
 #pragma once
 // Binders of the CUDA backend over the facade of cuda_ops.hpp. Per-step arrays must be CUDA arrays
 // (torch, CuPy, JAX through DLPack) and are passed by pointer; rows may be CUDA or CPU arrays.
-// Every call takes `stream` (an int cudaStream_t handle); None means the package's provider:
-// torch's current stream when torch is imported, else the legacy default stream.
+// Every call takes `stream` (an int cudaStream_t handle, a torch.cuda.Stream or a CuPy stream:
+// stream_arg); None means the package's provider: torch's current stream when torch is imported,
+// else the legacy default stream.
 #include "array_import.hpp"
 #include "cuda_ops.hpp"
 #include "host_bind.hpp"
@@ -96,7 +97,7 @@ void check_count_array(const Array& a) {
   if (elements(a) < 1) throw size_mismatch("count must hold one element");
 }
 
-using opt_stream = std::optional<std::uintptr_t>;
+using opt_stream = stream_arg;
 
 template <class Ops>
 void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
@@ -204,7 +205,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
                                  rows_pitch == 0 ? 1 : std::size(L::sources), rows_pitch);
             const auto stream = default_stream(s, h.device());
             h.append_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, rows_pitch,
-                               max_rows, w.capacity, backup ? *backup : stream, stream);
+                               max_rows, w.capacity, backup.handle ? *backup.handle : stream, stream);
           },
           nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("rows_pitch") = 0, nb::arg("max_rows") = 1,
@@ -221,7 +222,7 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             const auto stream = default_stream(s, h.device());
             h.commit_step_view(static_cast<const std::int32_t*>(slots.data()),
                                static_cast<const std::int32_t*>(accepted.data()),
-                               static_cast<std::uint32_t>(elements(slots)), backup ? *backup : stream, stream);
+                               static_cast<std::uint32_t>(elements(slots)), backup.handle ? *backup.handle : stream, stream);
           },
           nb::arg("slots"), nb::arg("accepted"), nb::arg("backup") = nb::none(), nb::arg("stream") = nb::none(),
           "Commits a speculative round on every source in one launch (C++ commit_step): slots and accepted "
@@ -550,7 +551,7 @@ void bind_cuda_manager(nb::module_& m, const char* name, const char* policy) {
             const write_arrays w("append_step_view", slots_obj, rows_obj, layers_obj, first_obj, Ops::step_layers(),
                                  rows_pitch == 0 ? 1 : std::size(L::sources), rows_pitch);
             mgr.append_step_view(w.slots_ptr(), w.rows_ptr(), w.first_ptr(), w.layers_ptr(), row_stride, rows_pitch,
-                                 max_rows, w.capacity, backup ? *backup : mgr.step_stream());
+                                 max_rows, w.capacity, backup.handle ? *backup.handle : mgr.step_stream());
           },
           nb::arg("slots"), nb::arg("rows"), nb::arg("layer_rows"), nb::arg("first") = nb::none(),
           nb::arg("row_stride") = 0, nb::arg("rows_pitch") = 0, nb::arg("max_rows") = 1, nb::arg("backup") = nb::none(),

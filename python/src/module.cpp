@@ -216,6 +216,8 @@ NB_MODULE(_core, m) {
   bind_array_import(m);
   m.def("_default_stream", [](int device) { return default_stream(std::nullopt, device); }, nb::arg("device"),
         "Test hook: the stream a call on an object of `device` uses when given none.");
+  m.def("_stream_handle", [](stream_arg s) { return s.handle; }, nb::arg("stream").none(),
+        "The int handle a `stream=` argument names (an int, torch.cuda.Stream, a CuPy stream), or None.");
   bind_host_tiny(m);
   bind_host_glm53(m);
   bind_host_deepseek_v41_flash(m);

@@ -299,3 +299,19 @@ def test_the_package_registers_torchs_stream_api_when_it_sees_torch(monkeypatch)
     finally:
         _core._set_stream_api(None)
         dhisparse._stream_api_source = None
+
+
+def test_stream_arguments_take_ints_and_stream_objects():
+    class TorchLike:  # torch.cuda.Stream
+        cuda_stream = 0x5000
+
+    class CupyLike:  # cupy.cuda.Stream
+        ptr = 0x6000
+
+    assert _core._stream_handle(None) is None
+    assert _core._stream_handle(0) == 0 and _core._stream_handle(0x7F00) == 0x7F00
+    assert _core._stream_handle(TorchLike()) == 0x5000
+    assert _core._stream_handle(CupyLike()) == 0x6000
+    for bad in (-1, True, "0x1", 1.5, object()):
+        with pytest.raises(TypeError):
+            _core._stream_handle(bad)

@@ -249,6 +249,13 @@ def test_torch_tensors_and_streams_through_the_exchange_api_when_offered():
         dhisparse._stream_api_source = None  # registered again on next use
     dhisparse._current_stream()  # the package registers torch's API when it first sees torch
     assert dhisparse._stream_api_source is torch
+    # A torch.cuda.Stream passed as `stream=` is its handle.
+    h = dhisparse.Hierarchy("tiny", {"max_requests": 2, "max_rows": 64}, backend="cuda", stream=side)
+    assert h.stream == side.cuda_stream
+    h.admit(1)
+    h.append(1, 0, torch.zeros((2, 4, 64), dtype=torch.uint8, device="cuda"), stream=side)
+    h.check_errors(stream=side)
+    assert h.frontier(1, 0) == 4
 
 
 def test_default_stream_is_of_the_objects_device():
