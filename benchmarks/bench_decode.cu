@@ -131,7 +131,8 @@ cli parse(int argc, char** argv) {
       c.run.gen_tokens = u64(*v);
     } else if (auto v = val("--follower-shape")) {
       const auto wr = split<unsigned>(*v, [](const std::string& x) { return static_cast<unsigned>(std::stoul(x)); });
-      if (wr.size() != 2) throw std::invalid_argument("--follower-shape takes WARPS_PER_SM,ROWS_PER_WARP");
+      if (wr.size() != 2 || !dhisparse::cuda::detail::follower_copy_shape::valid(wr[0], wr[1]))
+        throw std::invalid_argument("--follower-shape takes WARPS_PER_SM,ROWS_PER_WARP: 1-16 or 32, and 1 or 2");
       c.run.follower_warps_per_sm = wr[0];
       c.run.follower_rows_per_warp = wr[1];
     } else if (auto v = val("--copy-layers")) {

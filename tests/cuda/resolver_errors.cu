@@ -245,10 +245,11 @@ TEST_CASE("eager resolve rejects host-detectable errors before launching", "[gpu
   dev.resolve(0, std::span<const dhc::batch_item>(one), dev.stream(), dh::copy_layers::producer_only);
   REQUIRE_THROWS_AS(dev.resolve(0, std::span<const dhc::batch_item>(one)), dh::pending_follower_copies);
   REQUIRE_THROWS_AS(dev.copy_follower(0, 0), dh::invalid_source);
-  // A follower copy shape outside 1-64 warps per SM and 1-2 rows per warp is refused; the pending
-  // copy then runs with the shape left as it was.
+  // A follower copy shape other than 1-16 or 32 warps per SM and 1-2 rows per warp is refused;
+  // the pending copy then runs with the shape left as it was.
   REQUIRE_THROWS_AS(dev.set_follower_copy_shape(0, 1), dh::invalid_configuration);
-  REQUIRE_THROWS_AS(dev.set_follower_copy_shape(65, 1), dh::invalid_configuration);
+  REQUIRE_THROWS_AS(dev.set_follower_copy_shape(17, 1), dh::invalid_configuration);
+  REQUIRE_THROWS_AS(dev.set_follower_copy_shape(64, 1), dh::invalid_configuration);
   REQUIRE_THROWS_AS(dev.set_follower_copy_shape(8, 0), dh::invalid_configuration);
   REQUIRE_THROWS_AS(dev.set_follower_copy_shape(8, 3), dh::invalid_configuration);
   dev.copy_follower(0, 1);

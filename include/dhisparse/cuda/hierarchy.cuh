@@ -316,13 +316,14 @@ class hierarchy {
     tuning_.early_copy_warps = copy_warps;
     tuning_.early_rows_per_warp = rows_per_warp;
   }
-  /// Shape of `copy_follower` after a resolve (a tuning switch): copying warps per SM, 1-64
-  /// (default 32), and rows each warp keeps in flight, 1 or 2 (default 2). Fewer rows in flight
-  /// touch fewer host pages at once. Throws invalid_configuration outside those ranges, with the
-  /// shape unchanged.
+  /// Shape of `copy_follower` after a resolve (a tuning switch): copying warps per SM, 1-16 or
+  /// 32 (default 32: every warp resident at once), and rows each warp keeps in flight, 1 or 2
+  /// (default 2). Fewer rows in flight touch fewer host pages at once. Read at launch, so a
+  /// captured graph keeps the shape it was captured with; follower copies after a verify keep
+  /// their own. Throws invalid_configuration for other values, with the shape unchanged.
   void set_follower_copy_shape(unsigned warps_per_sm, unsigned rows_per_warp) {
-    if (warps_per_sm < 1 || warps_per_sm > 64 || rows_per_warp < 1 || rows_per_warp > 2)
-      throw invalid_configuration("follower copy shape: warps per SM must be 1-64 and rows per warp 1 or 2 (got " +
+    if (!detail::follower_copy_shape::valid(warps_per_sm, rows_per_warp))
+      throw invalid_configuration("follower copy shape: warps per SM must be 1-16 or 32 and rows per warp 1 or 2 (got " +
                                   std::to_string(warps_per_sm) + ", " + std::to_string(rows_per_warp) + ")");
     follower_shape_ = {warps_per_sm, rows_per_warp};
   }

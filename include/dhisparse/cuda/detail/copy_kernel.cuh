@@ -60,11 +60,16 @@ __global__ void __launch_bounds__(512)
   }
 }
 
-/// Launch shape of a follower copy: copying warps per SM (1-64) and rows each warp keeps in
-/// flight (1 or 2). Fewer rows in flight touch fewer host pages at once.
+/// Launch shape of a follower copy: copying warps per SM and rows each warp keeps in flight.
+/// Fewer rows in flight touch fewer host pages at once.
 struct follower_copy_shape {
   unsigned warps_per_sm = 32;
   unsigned rows_per_warp = 2;
+  /// The shapes a launch gives exactly, all warps resident at once: 1-16 warps per SM (one CTA)
+  /// or 32 (two CTAs of 16; the kernel's registers allow no more), 1 or 2 rows each.
+  static constexpr bool valid(unsigned warps, unsigned rows) {
+    return ((warps >= 1 && warps <= 16) || warps == 32) && (rows == 1 || rows == 2);
+  }
 };
 
 template <class OrderIndex>
