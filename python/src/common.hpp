@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -133,14 +134,23 @@ void bind_cuda_deepseek_v41_flash(nb::module_& m);
 
 namespace nanobind::detail {
 
-/// stream_arg from None, an int, or an object with `cuda_stream` (torch) or `ptr` (CuPy) holding one.
+/// stream_arg from None, an integer (Python's or one with __index__, e.g. numpy's), an object with
+/// the CUDA stream protocol (`__cuda_stream__()` -> (version, handle)), torch's `cuda_stream`, or
+/// the `ptr` of a CuPy stream (a type named ...Stream).
 template <>
 struct type_caster<dhisparse::python::stream_arg> {
   NB_TYPE_CASTER(dhisparse::python::stream_arg, const_name("int | Stream | None"))
 
+  /// `o` as a handle: an integer in [0, 2^64), not a bool.
   static bool handle_of(PyObject* o, std::uintptr_t& out) noexcept {
-    if (!PyLong_Check(o) || PyBool_Check(o)) return false;
-    const unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (PyBool_Check(o) || !PyIndex_Check(o)) return false;
+    PyObject* i = PyNumber_Index(o);
+    if (i == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
     if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr) {
       PyErr_Clear();  // negative or too large: not a handle
       return false;
@@ -149,30 +159,44 @@ struct type_caster<dhisparse::python::stream_arg> {
     return true;
   }
 
-  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+  /// The handle in attribute `attr` of `o` (called first when `call`).
+  static bool handle_in(PyObject* o, const char* attr, bool call, std::uintptr_t& out) noexcept {
+    PyObject* a = PyObject_GetAttrString(o, attr);
+    if (a == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    if (call) {
+      PyObject* r = PyObject_CallNoArgs(a);
+      Py_DECREF(a);
+      if (r == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      a = r;
+      if (PyTuple_Check(a) && PyTuple_Size(a) == 2) {  // (version, handle)
+        PyObject* h = PyTuple_GetItem(a, 1);
+        const bool ok = handle_of(h, out);
+        Py_DECREF(a);
+        return ok;
+      }
+    }
+    const bool ok = handle_of(a, out);
+    Py_DECREF(a);
+    return ok;
+  }
+
+  bool from_python(handle src, uint32_t, cleanup_list*) noexcept {
     if (src.is_none()) {
       value.handle.reset();
       return true;
     }
     std::uintptr_t h = 0;
-    if (handle_of(src.ptr(), h)) {
-      value.handle = h;
-      return true;
-    }
-    for (const char* attr : {"cuda_stream", "ptr"}) {
-      PyObject* a = PyObject_GetAttrString(src.ptr(), attr);
-      if (a == nullptr) {
-        PyErr_Clear();
-        continue;
-      }
-      const bool ok = handle_of(a, h);
-      Py_DECREF(a);
-      if (ok) {
-        value.handle = h;
-        return true;
-      }
-    }
-    return false;
+    PyObject* o = src.ptr();
+    const bool ok = handle_of(o, h) || handle_in(o, "__cuda_stream__", true, h) || handle_in(o, "cuda_stream", false, h) ||
+                    (std::strstr(Py_TYPE(o)->tp_name, "Stream") != nullptr && handle_in(o, "ptr", false, h));
+    if (ok) value.handle = h;
+    return ok;
   }
 
   static handle from_cpp(const dhisparse::python::stream_arg& s, rv_policy, cleanup_list*) noexcept {

@@ -305,13 +305,22 @@ def test_stream_arguments_take_ints_and_stream_objects():
     class TorchLike:  # torch.cuda.Stream
         cuda_stream = 0x5000
 
-    class CupyLike:  # cupy.cuda.Stream
+    class CupyStream:  # a CuPy stream: its type is named ...Stream
         ptr = 0x6000
+
+    class MemoryPointer:  # a `ptr` that is not a stream's
+        ptr = 0x6100
+
+    class ProtocolStream:  # the CUDA stream protocol
+        def __cuda_stream__(self):
+            return (0, 0x7000)
 
     assert _core._stream_handle(None) is None
     assert _core._stream_handle(0) == 0 and _core._stream_handle(0x7F00) == 0x7F00
+    assert _core._stream_handle(np.uint64(0x7F08)) == 0x7F08  # integers with __index__
     assert _core._stream_handle(TorchLike()) == 0x5000
-    assert _core._stream_handle(CupyLike()) == 0x6000
-    for bad in (-1, True, "0x1", 1.5, object()):
+    assert _core._stream_handle(CupyStream()) == 0x6000
+    assert _core._stream_handle(ProtocolStream()) == 0x7000
+    for bad in (-1, True, "0x1", 1.5, object(), MemoryPointer()):
         with pytest.raises(TypeError):
             _core._stream_handle(bad)
