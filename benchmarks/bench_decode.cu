@@ -206,6 +206,7 @@ int run(int argc, char** argv) {
     }
     if (std::rename(part.c_str(), c.json.c_str()) != 0) throw std::runtime_error("cannot rename " + part + " to " + c.json);
   };
+  write_json();  // a document from the start, then one per configuration measured
   for (const auto& model : c.models)
     for (auto ctx : c.contexts)
       for (auto target : c.concurrency) {
@@ -245,10 +246,7 @@ int run(int argc, char** argv) {
                   r.sessions_kept_share, r.tpot_ratio, r.eq13 == 1 ? "pays" : "does not pay");
     }
   }
-  if (!c.json.empty()) {
-    write_json();  // (also when no configuration ran)
-    std::fprintf(stderr, "bench_decode: wrote %s\n", c.json.c_str());
-  }
+  if (!c.json.empty()) std::fprintf(stderr, "bench_decode: wrote %s\n", c.json.c_str());
   (void)cudaStreamDestroy(stream);
   if (failed) std::puts("bench_decode: FAILED (a mismatch or a failed configuration; see the table)");
   return failed ? 1 : 0;
