@@ -140,30 +140,49 @@ __device__ inline void record_entry_error(const write_workspace_view& ws, std::u
 }
 
 /// Ends one CTA of a launch; the last of a source's CTAs (gridDim.x per source) advances that
-/// source's epoch (launches on one source never overlap: stream order).
+/// source's epoch (launches on one source never overlap: stream order). Every thread of the CTA
+/// calls it: the barrier keeps the epoch from advancing before each thread has read it. No fence:
+/// only later launches read what the CTAs wrote (rows, books, errors, the epoch), and the kernel
+/// boundary orders that.
 __device__ inline void finish_write_cta(const write_workspace_view& ws) {
+  __syncthreads();
   if (threadIdx.x != 0) return;
-  __threadfence();
   if (atomicAdd(&ws.control->done, 1u) == gridDim.x - 1) {
     ws.control->done = 0;
     atomicExch(&ws.control->epoch, next_epoch(ws.control->epoch));
   }
 }
 
+/// r / d and r % d for a history row r >= 0: 32-bit division while r fits (every realistic row),
+/// which is a few instructions where the 64-bit one is a long subroutine, run per 16-byte vector.
+struct row_split {
+  std::uint64_t quotient, remainder;
+};
+__device__ inline row_split split_row(std::int64_t r, std::uint32_t d) {
+  const auto u = static_cast<std::uint64_t>(r);
+  if (u >> 32 == 0) {
+    const auto u32 = static_cast<std::uint32_t>(u);
+    return {u32 / d, u32 % d};
+  }
+  return {u / d, u % d};
+}
+
 /// Host-store address of row r of payload layer l of a slot (its page is reserved).
 template <class OrderIndex>
 __device__ int4* host_row_address(const source_view<OrderIndex>& src, unsigned slot, unsigned l, std::int64_t r) {
-  const std::int32_t hp =
-      src.host_page[static_cast<std::size_t>(slot) * src.pages_per_request + static_cast<std::size_t>(r) / src.page_rows];
+  const row_split p = split_row(r, src.page_rows);
+  const std::int32_t hp = src.host_page[static_cast<std::size_t>(slot) * src.pages_per_request + p.quotient];
   return reinterpret_cast<int4*>(src.host_store + static_cast<std::uint64_t>(hp) * src.page_bytes +
-                                 (static_cast<std::uint64_t>(l) * src.page_rows +
-                                  static_cast<std::uint64_t>(r) % src.page_rows) *
-                                     src.row_bytes);
+                                 (static_cast<std::uint64_t>(l) * src.page_rows + p.remainder) * src.row_bytes);
 }
-/// Tail-ring address of row r of payload layer l of a slot.
+/// Tail-ring address of row r of payload layer l of a slot (location_space::tail; the ring holds
+/// space.tail_rows rows, the window T plus a speculative block).
 template <class OrderIndex>
 __device__ int4* tail_row_address(const source_view<OrderIndex>& src, unsigned slot, unsigned l, std::int64_t r) {
-  return reinterpret_cast<int4*>(src.layer_pool[l] + static_cast<std::size_t>(src.space.tail(slot, r)) * src.row_bytes);
+  const auto ring = static_cast<std::uint32_t>(src.space.tail_rows);
+  const std::uint64_t loc = static_cast<std::uint64_t>(src.space.slots) * src.space.hot_rows +
+                            static_cast<std::uint64_t>(slot) * ring + split_row(r, ring).remainder;
+  return reinterpret_cast<int4*>(src.layer_pool[l] + loc * src.row_bytes);
 }
 
 /// Calls `f(l, i, v)` for every 16-byte vector v of row i (< rows) of every payload layer l, spread
