@@ -44,7 +44,12 @@ struct location_space {
   }
   /// Location of history row `row` in a slot's tail ring (ring row `row % tail_rows`).
   DHISPARSE_HD constexpr location tail(std::size_t slot, std::int64_t row) const {
-    return static_cast<location>(slots * hot_rows + slot * tail_rows + static_cast<std::size_t>(row) % tail_rows);
+    return tail_ring(slot, static_cast<std::size_t>(row) % tail_rows);
+  }
+  /// Location of ring row `ring_row` (< tail_rows) of a slot's tail ring, for callers that reduce
+  /// the history row themselves (the CUDA write kernels divide in 32 bits while it fits).
+  DHISPARSE_HD constexpr location tail_ring(std::size_t slot, std::size_t ring_row) const {
+    return static_cast<location>(slots * hot_rows + slot * tail_rows + ring_row);
   }
   /// Location of history row `row` in optional pool page `page` (offset `row % page_rows` in the page).
   DHISPARSE_HD constexpr location optional(std::size_t page, std::int64_t row) const {

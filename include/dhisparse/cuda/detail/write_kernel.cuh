@@ -175,14 +175,13 @@ __device__ int4* host_row_address(const source_view<OrderIndex>& src, unsigned s
   return reinterpret_cast<int4*>(src.host_store + static_cast<std::uint64_t>(hp) * src.page_bytes +
                                  (static_cast<std::uint64_t>(l) * src.page_rows + p.remainder) * src.row_bytes);
 }
-/// Tail-ring address of row r of payload layer l of a slot (location_space::tail; the ring holds
-/// space.tail_rows rows, the window T plus a speculative block).
+/// Tail-ring address of row r of payload layer l of a slot (location_space::tail, the ring row
+/// found by split_row).
 template <class OrderIndex>
 __device__ int4* tail_row_address(const source_view<OrderIndex>& src, unsigned slot, unsigned l, std::int64_t r) {
-  const auto ring = static_cast<std::uint32_t>(src.space.tail_rows);
-  const std::uint64_t loc = static_cast<std::uint64_t>(src.space.slots) * src.space.hot_rows +
-                            static_cast<std::uint64_t>(slot) * ring + split_row(r, ring).remainder;
-  return reinterpret_cast<int4*>(src.layer_pool[l] + loc * src.row_bytes);
+  const std::uint64_t ring_row = split_row(r, static_cast<std::uint32_t>(src.space.tail_rows)).remainder;
+  return reinterpret_cast<int4*>(src.layer_pool[l] +
+                                 static_cast<std::size_t>(src.space.tail_ring(slot, ring_row)) * src.row_bytes);
 }
 
 /// Calls `f(l, i, v)` for every 16-byte vector v of row i (< rows) of every payload layer l, spread
