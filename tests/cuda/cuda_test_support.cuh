@@ -255,6 +255,26 @@ class gate {
   cudaEvent_t done_ = nullptr;
 };
 
+/// Every byte of every pool row of every payload layer: the CUDA hierarchy's against the host
+/// twin's (which simulates the GPU pool). Dedicated staging (pool rows only).
+template <class Layout, class A, class B>
+void compare_pool_images(A& cuda_h, const B& host_h, const std::string& ctx) {
+  for (std::size_t s = 0; s < Layout::sources.size(); ++s)
+    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
+      const std::size_t rb = Layout::sources[s].row_bytes;
+      std::vector<std::byte> got(cuda_h.pool_rows() * rb), want(got.size());
+      cuda_h.copy_pool(s, l, got);
+      for (std::size_t loc = 0; loc < cuda_h.pool_rows(); ++loc) {
+        const auto row = host_h.payload(s, l, static_cast<location>(loc));
+        std::memcpy(want.data() + loc * rb, row.data(), rb);
+      }
+      const long m = first_mismatch(want, got);
+      INFO(ctx << ": pool of source " << s << " layer " << l << " first differs at byte " << m << " (location "
+               << (m < 0 ? -1 : m / static_cast<long>(rb)) << ")");
+      REQUIRE(m < 0);
+    }
+}
+
 // ------------------------------------------------------------------ twin driver
 
 /// Drives a host_hierarchy and a cuda::hierarchy with identical calls and compares them.

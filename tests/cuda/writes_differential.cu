@@ -8,6 +8,7 @@
 // or beyond it) must be left untouched while the other entries proceed, and be thrown by
 // check_errors as their typed error.
 #include "cuda_test_support.cuh"
+#include "step_write_buffers.cuh"
 
 #include <map>
 
@@ -100,20 +101,7 @@ struct write_buffers {
 
 template <class A, class B>
 void compare_pools(A& cuda_h, const B& host_h, const std::string& ctx) {
-  for (std::size_t s = 0; s < Layout::sources.size(); ++s)
-    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
-      const std::size_t rb = Layout::sources[s].row_bytes;
-      std::vector<std::byte> got(cuda_h.pool_rows() * rb), want(got.size());
-      cuda_h.copy_pool(s, l, got);
-      for (std::size_t loc = 0; loc < cuda_h.pool_rows(); ++loc) {
-        const auto row = host_h.payload(s, l, static_cast<location>(loc));
-        std::memcpy(want.data() + loc * rb, row.data(), rb);
-      }
-      const long m = first_mismatch(want, got);
-      INFO(ctx << ": pool of source " << s << " layer " << l << " first differs at byte " << m << " (location "
-               << (m < 0 ? -1 : m / static_cast<long>(rb)) << ")");
-      REQUIRE(m < 0);
-    }
+  compare_pool_images<Layout>(cuda_h, host_h, ctx);
 }
 
 /// Frontiers, positions and every host-store row of each request: the test's model, both backends.
@@ -425,69 +413,7 @@ constexpr std::size_t kSources = 2;
 constexpr std::size_t kStepLayers = CH::step_layers;
 static_assert(kStepLayers == 3 && CH::step_layer_index(1, 0) == 2);
 
-/// Device buffers of a kv_step_write_view: one row buffer per (source, payload layer), counts per
-/// (source, entry) (rows_pitch = N) or one per entry (rows_pitch = 0).
-struct step_buffers {
-  dhc::device_buffer<std::int32_t> slots{N}, rows{kSources * N};
-  std::vector<dhc::device_buffer<std::byte>> layer;
-  dhc::device_buffer<const std::byte*> layer_ptrs{kStepLayers};
-  std::vector<std::int32_t> h_slots = std::vector<std::int32_t>(N, -1);
-  std::vector<std::int32_t> h_rows = std::vector<std::int32_t>(kSources * N, 0);  // [source][entry]
-  std::vector<std::vector<std::byte>> h_layer;                                  // [step layer][N * kMaxRows * rb]
-
-  step_buffers() {
-    std::vector<const std::byte*> ptrs(kStepLayers);
-    for (std::size_t s = 0; s < kSources; ++s)
-      for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l) {
-        const std::size_t bytes = N * kMaxRows * Layout::sources[s].row_bytes;
-        layer.emplace_back(bytes);
-        h_layer.emplace_back(bytes);
-        ptrs[CH::step_layer_index(s, l)] = layer.back().data();
-      }
-    DHTEST_CUDA(cudaMemcpy(layer_ptrs.data(), ptrs.data(), kStepLayers * sizeof(void*), cudaMemcpyHostToDevice));
-  }
-  void clear() {
-    std::fill(h_slots.begin(), h_slots.end(), -1);
-    std::fill(h_rows.begin(), h_rows.end(), 0);
-  }
-  /// Entry e writes `count` rows of (tag, source) starting at history row `first_row`.
-  void set(std::size_t e, std::int32_t slot, std::size_t s, std::size_t count, std::uint64_t tag, std::int64_t first_row) {
-    h_slots[e] = slot;
-    h_rows[s * N + e] = static_cast<std::int32_t>(count);
-    const std::size_t rb = Layout::sources[s].row_bytes;
-    for (std::size_t l = 0; l < Layout::sources[s].payload_layers; ++l)
-      for (std::size_t i = 0; i < count && i < kMaxRows; ++i)
-        fill_row(h_layer[CH::step_layer_index(s, l)].data() + (e * kMaxRows + i) * rb, rb, tag, s, l,
-                 first_row + static_cast<std::int64_t>(i));
-  }
-  /// The host twin's rows of (source, entry): [layer][count][row_bytes].
-  std::vector<std::byte> item_rows(std::size_t s, std::size_t e) const {
-    const auto count = static_cast<std::size_t>(h_rows[s * N + e]);
-    const std::size_t rb = Layout::sources[s].row_bytes, layers = Layout::sources[s].payload_layers;
-    std::vector<std::byte> out(layers * count * rb);
-    for (std::size_t l = 0; l < layers; ++l)
-      std::memcpy(out.data() + l * count * rb, h_layer[CH::step_layer_index(s, l)].data() + e * kMaxRows * rb,
-                  count * rb);
-    return out;
-  }
-  void upload(cudaStream_t st) {
-    DHTEST_CUDA(cudaMemcpyAsync(slots.data(), h_slots.data(), N * 4, cudaMemcpyHostToDevice, st));
-    DHTEST_CUDA(cudaMemcpyAsync(rows.data(), h_rows.data(), kSources * N * 4, cudaMemcpyHostToDevice, st));
-    for (std::size_t i = 0; i < kStepLayers; ++i)
-      DHTEST_CUDA(cudaMemcpyAsync(layer[i].data(), h_layer[i].data(), h_layer[i].size(), cudaMemcpyHostToDevice, st));
-    DHTEST_CUDA(cudaStreamSynchronize(st));  // the host vectors are pageable and reused
-  }
-  dhc::kv_step_write_view view() const {
-    dhc::kv_step_write_view v;
-    v.slots = slots.data();
-    v.rows = rows.data();
-    v.rows_pitch = N;
-    v.layer_rows = layer_ptrs.data();
-    v.max_rows = kMaxRows;
-    v.capacity = N;
-    return v;
-  }
-};
+using step_buffers = step_write_buffers<Layout, CH, N, kMaxRows>;
 
 /// A short tail (2 rows) so that chunks of up to kMaxRows rows also write rows outside the window,
 /// which the critical launch sends straight to the host store.
