@@ -111,7 +111,7 @@ void print_config_table(const config_result& r) {
   print_bytes_row("  workspace (copy plans, error books)", b.cuda_workspace_bytes);
   print_bytes_row("  allowance (padding, records)", b.cuda_device_allowance);
   print_bytes_row("cuda::hierarchy pinned (host stores)", b.cuda_pinned_bytes);
-  print_bytes_row("  + descriptor rings, frontier mirror", b.cuda_pinned_allowance);
+  print_bytes_row("  + descriptor rings, frontier snapshot", b.cuda_pinned_allowance);
   print_bytes_row("GPU budget left", c.gpu_bytes_left);
   print_bytes_row("engine's index keys (not charged)", c.index_key_bytes);
 }

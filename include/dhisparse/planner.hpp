@@ -792,7 +792,7 @@ constexpr hierarchy_plan plan_hierarchy(const layout_desc& l, const config_input
   b.host_store_bytes = host_store;
   const std::uint64_t n = in.slots, kmax = c.max_block;
   b.cuda_pinned_bytes = host_store;
-  // Beside the host stores: the descriptor staging rings, and per source the mirror of the device
+  // Beside the host stores: the descriptor staging rings, and per source the snapshot of the device
   // frontiers the host absorbs after batched writes (an int64 frontier and an int32 partial row per slot).
   b.cuda_pinned_allowance = k.add(cuda_descriptor_ring_depth *
                                       k.add(64 + 32 * n, kmax > 1 ? k.add(64 + 16 * n, k.mul(24 * n, kmax)) : 0),

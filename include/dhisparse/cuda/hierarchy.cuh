@@ -180,7 +180,7 @@ class hierarchy {
     r.device_bytes += c.max_requests * sizeof(std::uint32_t);  // live flags
     if constexpr (Staging::shared) r.device_bytes += blocks_for(c).total_bytes;  // pools and arenas, one block per layer index
     r.device_bytes += write_state_bytes(c.max_requests, c.max_block > 1);  // step table, error books, backup work lists
-    r.pinned_bytes += sources * mirror_bytes(c.max_requests);       // frontiers the host absorbs
+    r.pinned_bytes += books_snapshot_bytes(c.max_requests);          // frontiers the host absorbs
     r.pinned_bytes += eager_bytes(c.max_requests) * staging_depth;
     if (c.max_block > 1) r.pinned_bytes += verify_eager_bytes(c) * staging_depth;  // verify descriptors
     return r;
@@ -376,7 +376,7 @@ class hierarchy {
   void complete(request_id id, cudaStream_t stream) {
     const auto guard = on_device(stream);
     const auto lock = binding_.lock();
-    absorb(stream);  // nothing of the slot may still be in flight when its mirror is cleared
+    absorb(stream);  // nothing of the slot may still be in flight when its books are cleared
     const std::size_t slot = registry_.slot(id);
     DHISPARSE_CUDA_TRY(detail::launch_store_value<std::uint32_t>(live_buffer_.data() + slot, 0u, stream));
     for (std::size_t s = 0; s < sources; ++s) {
@@ -389,8 +389,8 @@ class hierarchy {
         close_round(s, slot, stream);
         DHISPARSE_CUDA_TRY(detail::launch_verify_forget_slot(src.vws, static_cast<int>(slot), stream));
       }
-      mirror_books(s, slot);
     }
+    books_changed(stream);
     binding_.detach(id);  // its pages were dropped above
     registry_.release(id);
     id_of_slot_[slot].reset();
@@ -552,8 +552,8 @@ class hierarchy {
   /// Writes one step's new rows of every entry of `batch` on one source: ONE launch (the
   /// step-wide kernel over this source: one CTA of 1-8 warps per entry) writes each entry's rows
   /// into the tail ring of every payload layer and through to the mapped host store (inline: no
-  /// backup to join), then publishes the device frontier (and a pinned mirror of it for
-  /// `sync_books`). Reads only device memory, allocates nothing, fixed launch shape: capturable.
+  /// backup to join), then publishes the device frontier (which `sync_books` absorbs). Reads
+  /// only device memory, allocates nothing, fixed launch shape: capturable.
   /// Entries are checked on the device (kv_write.cuh); a bad one is left untouched and thrown by
   /// `check_errors`. Rows must lie within the request's reservation (`reserve_rows`). On a
   /// speculative hierarchy a written entry supersedes its staged block, as the per-request append.
@@ -581,8 +581,8 @@ class hierarchy {
   /// warps per (source, entry), sized by the row bytes), with the per-source append's checks and
   /// errors made per (source, entry) (kv_write.cuh; `check_errors` throws them as it throws the
   /// per-source append's). The critical launch on `stream` writes the tail rings, the rows that
-  /// fall outside the tail window straight to the host store, the frontiers and their pinned
-  /// mirror; the host copy of the window rows is made by a backup launch on `backup`, forked from
+  /// fall outside the tail window straight to the host store, and the device frontiers; the host
+  /// copy of the window rows is made by a backup launch on `backup`, forked from
   /// `stream` after the critical launch and joined by `join_backup` (events: record and wait
   /// nodes under stream capture). Until it is joined, every row not ready on the GPU already has
   /// its host copy (the rows being backed up are in the tail window, which resolves read on the
@@ -1124,7 +1124,7 @@ class hierarchy {
       src.books.undo_append(slot, a);
       throw;
     }
-    mirror_books(source, slot);
+    books_changed(stream);
     return taken;
   }
 
@@ -1198,8 +1198,8 @@ class hierarchy {
       DHISPARSE_CUDA_TRY(detail::launch_prefix_admit(src.view, static_cast<unsigned>(slot),
                                                      boundary == no_page ? -1 : e.pages[s].back(), boundary,
                                                      e.rows[s], sm_count_ * 8, stream));
-      mirror_books(s, slot);
     }
+    books_changed(stream);
     prefixes_.touch(prefix);
     return a;
   }
@@ -1520,7 +1520,7 @@ class hierarchy {
     src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: enqueued in stream order
     src.partial[slot] = static_cast<std::size_t>(n_next % m);
     close_round(source, slot, stream);
-    mirror_books(source, slot);
+    books_changed(stream);
   }
   /// As above, on the hierarchy's stream.
   void commit(request_id id, std::size_t source, std::size_t accepted) { commit(id, source, accepted, stream_); }
@@ -1770,8 +1770,6 @@ class hierarchy {
     detail::write_workspace_view wws{};    // batched appends
     detail::write_workspace_view cws{};    // batched commits
     detail::write_workspace_view sws{};    // batched stages (speculative only)
-    pinned_buffer mirror;                  // frontiers and partial rows published by the kernels
-    detail::books_mirror_view mirror_view{};  // device addresses of `mirror`
     detail::backup_item* work = nullptr;      // backup work list of the last write or commit (write_state_)
     bool device_writes = false;            // a batched append or commit was enqueued: the device leads
     bool device_stages = false;            // a batched stage was enqueued: the device round books lead
@@ -1902,6 +1900,11 @@ class hierarchy {
     write_state_ = device_buffer<std::byte>(write_state_bytes(cfg_.max_requests, speculative()));
     backup_written_ = detail::unique_event(cudaEventDisableTiming);
     backup_done_ = detail::unique_event(cudaEventDisableTiming);
+    books_written_ = detail::unique_event(cudaEventDisableTiming);
+    books_snapshot_ = pinned_buffer(books_snapshot_bytes(cfg_.max_requests));
+    snapshot_view_.frontier = reinterpret_cast<std::int64_t*>(books_snapshot_.device_data());
+    snapshot_view_.partial =
+        reinterpret_cast<std::int32_t*>(books_snapshot_.device_data() + snapshot_partial_offset());
     for (std::size_t s = 0; s < sources; ++s) build_source(s, adopted[s]);
     build_step_table();
     prefixes_ = dhisparse::detail::prefix_registry<sources>(cfg_.host_pages, cfg_.prefix_pages);
@@ -2337,9 +2340,14 @@ class hierarchy {
   static std::size_t write_state_bytes(std::size_t slots, bool spec) {
     return sources * (detail::step_source_bytes + write_books_bytes(slots, spec));
   }
-  /// Pinned bytes of one source's books mirror: N frontiers, then N partial rows.
-  static std::size_t mirror_bytes(std::size_t slots) { return slots * (sizeof(std::int64_t) + sizeof(std::int32_t)); }
-  [[nodiscard]] std::size_t mirror_partial_offset() const { return cfg_.max_requests * sizeof(std::int64_t); }
+  /// Pinned bytes of the books snapshot `sync_books` reads: every source's N frontiers, then
+  /// every source's N partial rows.
+  static std::size_t books_snapshot_bytes(std::size_t slots) {
+    return sources * slots * (sizeof(std::int64_t) + sizeof(std::int32_t));
+  }
+  [[nodiscard]] std::size_t snapshot_partial_offset() const {
+    return sources * cfg_.max_requests * sizeof(std::int64_t);
+  }
   /// 16-byte vectors of one row over every payload layer of a source (sizes the write CTAs).
   static constexpr std::uint64_t vectors_of(std::size_t s) {
     return Layout::sources[s].payload_layers * (Layout::sources[s].row_bytes / 16);
@@ -2359,10 +2367,6 @@ class hierarchy {
     }
     src.work = reinterpret_cast<detail::backup_item*>(at);
     DHISPARSE_CUDA_TRY(cudaMemsetAsync(src.work, 0, n * sizeof(detail::backup_item), stream_));  // nothing to back up
-    src.mirror = pinned_buffer(mirror_bytes(n));
-    std::memset(src.mirror.span().data(), 0, mirror_bytes(n));  // every slot: no rows
-    src.mirror_view.frontier = reinterpret_cast<std::int64_t*>(src.mirror.device_data());
-    src.mirror_view.partial = reinterpret_cast<std::int32_t*>(src.mirror.device_data() + mirror_partial_offset());
   }
   /// Uploads the step table (every source's views, fixed from construction on) to the front of
   /// the write state; the constructor synchronises before the host copy goes.
@@ -2375,7 +2379,6 @@ class hierarchy {
       table[s].cws = src.cws;
       table[s].sws = src.sws;
       table[s].vws = src.vws;
-      table[s].mirror = src.mirror_view;
       table[s].work = src.work;
       table[s].first_layer = static_cast<std::uint32_t>(step_layer_index(s, 0));
     }
@@ -2430,13 +2433,24 @@ class hierarchy {
   void sync_books_impl(cudaStream_t stream) {
     check_not_captured(stream, "sync_books");
     join_backup_impl(stream);  // the books then describe host copies that exist
+    bool device_leads = false;
+    for (const auto& src : src_) device_leads |= src.device_writes;
+    if (device_leads) {
+      // One copy of every source's device frontiers and partial rows, made after the device books
+      // that the host paths last changed (on any stream: books_changed) and the launches on `stream`.
+      DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, books_written_.get(), cudaEventWaitDefault));
+      DHISPARSE_CUDA_TRY(detail::launch_books_snapshot(step_table_, static_cast<unsigned>(sources),
+                                                       static_cast<unsigned>(cfg_.max_requests), snapshot_view_, stream));
+    }
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     const auto admitted = registry_.admitted();
     for (std::size_t s = 0; s < sources; ++s) {
       auto& src = src_[s];
       if (!src.device_writes) continue;
-      const auto* f = reinterpret_cast<const volatile std::int64_t*>(src.mirror.span().data());
-      const auto* p = reinterpret_cast<const volatile std::int32_t*>(src.mirror.span().data() + mirror_partial_offset());
+      const std::size_t at = s * cfg_.max_requests;
+      const auto* f = reinterpret_cast<const volatile std::int64_t*>(books_snapshot_.span().data()) + at;
+      const auto* p =
+          reinterpret_cast<const volatile std::int32_t*>(books_snapshot_.span().data() + snapshot_partial_offset()) + at;
       for (const auto& [id, slot] : admitted) {
         const std::int64_t rows = f[slot];
         const auto part = static_cast<std::size_t>(p[slot]);
@@ -2452,7 +2466,7 @@ class hierarchy {
         }
       }
       if (src.device_stages) {
-        // Batched stages leave the frontier alone, so the mirror cannot show them: the device
+        // Batched stages leave the frontier alone, so the snapshot cannot show them: the device
         // round books are read instead (the stream is idle: a plain copy). K_r stays with the
         // device too (device_rounds), so a stale host `verified` can never pass a commit.
         const auto staged = read_on(stream, src.vws.staged, cfg_.max_requests);
@@ -2469,13 +2483,11 @@ class hierarchy {
     join_backup_impl(stream);  // what follows may read or free host rows that are still being backed up
     if (device_writes_) sync_books_impl(stream);
   }
-  /// The host books of a slot changed on the host: its mirror follows (nothing of it is in flight:
-  /// eager calls absorbed first).
-  void mirror_books(std::size_t s, std::size_t slot) {
-    auto& src = src_[s];
-    reinterpret_cast<std::int64_t*>(src.mirror.span().data())[slot] = src.books.slot(slot).frontier;
-    reinterpret_cast<std::int32_t*>(src.mirror.span().data() + mirror_partial_offset())[slot] =
-        speculative() ? static_cast<std::int32_t>(src.partial[slot]) : 0;
+  /// A host path changed device books on `stream` (the host books show it already): the next
+  /// books snapshot, on whatever stream `sync_books` is given, waits for it. A captured host path
+  /// is ordered by the graph's replay instead.
+  void books_changed(cudaStream_t stream) {
+    if (!capturing(stream)) DHISPARSE_CUDA_TRY(cudaEventRecord(books_written_.get(), stream));
   }
   [[nodiscard]] std::int64_t device_partial(std::size_t source, std::size_t slot) const {
     return read_slot_array(src_[source].vws.partial, slot, 1).front();
@@ -2616,7 +2628,7 @@ class hierarchy {
       throw;
     }
     src.books.wrote_host_copies(slot, a.first_row, a.last_row);  // shared store: enqueued in stream order
-    mirror_books(source, slot);
+    books_changed(stream);
   }
   void launch(std::size_t source, const batch_view& v, cudaStream_t stream, copy_layers mode) {
     auto& src = src_[source];
@@ -2742,6 +2754,9 @@ class hierarchy {
   detail::step_source<order_index>* step_table_ = nullptr;  // [sources] at the front of write_state_
   detail::unique_event backup_written_;  // recorded on the write stream after a critical launch
   detail::unique_event backup_done_;     // recorded on the backup stream after the backup launch
+  detail::unique_event books_written_;   // recorded after the last host path that changed device books
+  pinned_buffer books_snapshot_;         // what sync_books reads: every source's frontiers, then partial rows
+  detail::books_snapshot_view snapshot_view_{};  // device addresses of books_snapshot_
   struct backup_state {
     bool pending = false;             // forked and not yet joined
     bool captured = false;            // forked inside a stream capture (not real work until replayed)

@@ -12,7 +12,9 @@
 /// beyond it) is left untouched, the other entries proceed, and `hierarchy::check_errors` throws
 /// the typed error of the first bad entry of the first failing launch (errors.hpp:
 /// unknown_request, duplicate_in_batch, size_mismatch, block_too_wide, capacity_exceeded,
-/// commit_without_verify, acceptance_beyond_block).
+/// commit_without_verify, acceptance_beyond_block). A write loads each entry's new rows while the
+/// entry's slot is being checked: the rows an entry with a slot >= 0 and a row count in
+/// [1, max_rows] names must be readable even where the slot turns out bad (they are not written).
 #include <cstddef>
 #include <cstdint>
 

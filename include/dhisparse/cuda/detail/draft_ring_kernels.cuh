@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(draft_write_threads)
   __shared__ std::int64_t first_row;
   __shared__ bool vec16;
   const unsigned e = blockIdx.x;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&ws.control->epoch);
+  const std::uint32_t epoch = write_epoch(ws);
   const std::int32_t slot = v.slots[e];
   if (slot >= 0) {
     const status_code slot_code = draft_entry_slot(ring.slots, v.slots, e, slot);
@@ -106,7 +106,7 @@ template <int = 0>
 __global__ void __launch_bounds__(draft_commit_threads)
     draft_commit_step_kernel(std::size_t slots, draft_slot_state* books, draft_commit_view v, write_workspace_view ws) {
   const unsigned e = blockIdx.x;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&ws.control->epoch);
+  const std::uint32_t epoch = write_epoch(ws);
   const std::int32_t slot = v.slots[e];
   if (slot >= 0) {
     const status_code slot_code = draft_entry_slot(slots, v.slots, e, slot);

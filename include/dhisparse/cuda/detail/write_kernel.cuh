@@ -1,18 +1,19 @@
 #pragma once
 /// \file
-/// Step-wide writes, speculative stages and commits over device descriptors (kv_write.cuh). One launch
-/// covers every (source, entry) pair of a step (the per-source `append`/`commit` are the same
-/// kernels over one source): one CTA of 1-8 warps per pair, sized by the pair's bytes, validates
-/// its own pair on the device (nothing is read on the host, the launch shape is fixed), writes the
-/// new rows into the tail ring and publishes the frontier to the device books and to a pinned
-/// mirror the host absorbs later (`hierarchy::sync_books`). The host backup copy of the rows that
-/// stay in the tail window is either written in the same launch (inline) or left in a work list
-/// that `backup_rows_kernel` copies on the engine's backup stream, off the critical path; rows
-/// outside the window are written to the host store by the critical launch, so every row that
-/// is not ready on the GPU has a host copy when the critical launch ends. Bad pairs are left
-/// untouched and recorded per source; the first one of the first failing launch is kept for
-/// `check_errors`. On a shared host store (docs/multi-gpu.md) every host write, critical or
-/// backup, is made only for rows of the pages this hierarchy's rank owns (`source_view::writes_host_copy`).
+/// Step-wide writes, speculative stages and commits over device descriptors (kv_write.cuh). One
+/// launch covers every (source, entry) pair of a step (the per-source `append`/`commit` are the
+/// same kernels over one source): one CTA of 1-8 warps per pair, sized by the pair's bytes,
+/// validates its own pair on the device (nothing is read on the host, the launch shape is fixed),
+/// writes the new rows into the tail ring and publishes the frontier to the device books, which the
+/// host absorbs later (`hierarchy::sync_books` copies them with `books_snapshot_kernel`). The host
+/// backup copy of the rows that stay in the tail window is either written in the same launch
+/// (inline) or left in a work list that `backup_rows_kernel` copies on the engine's backup stream,
+/// off the critical path; rows outside the window are written to the host store by the critical
+/// launch, so every row that is not ready on the GPU has a host copy when the critical launch ends.
+/// Bad pairs are left untouched and recorded per source; the first one of the first failing launch
+/// is kept for `check_errors`. On a shared host store (docs/multi-gpu.md) every host write,
+/// critical or backup, is made only for rows of the pages this hierarchy's rank owns
+/// (`source_view::writes_host_copy`).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -29,8 +30,10 @@ inline constexpr int write_block_threads = 256;
 
 /// Launch counters and the first error of one kind of batched launch on one source.
 struct write_control {
-  std::uint32_t done = 0;       ///< CTAs of the running launch that finished
-  std::uint32_t epoch = 0;      ///< launches completed
+  /// Launch clock: every launch adds exactly 2^32 over its CTAs (each CTA 1, the first of a
+  /// source's CTAs 2^32 - (CTAs - 1) instead), so `ticks >> 32` is the number of launches
+  /// completed before the running one, in every CTA of it, and no CTA waits for an atomic's result.
+  unsigned long long ticks = 0;
   /// (epoch << 32 | entry) of the first bad entry since errors were last checked; all ones if none.
   unsigned long long first_error = ~0ull;
 };
@@ -42,10 +45,11 @@ struct write_workspace_view {
   std::uint32_t capacity = 0;
 };
 
-/// Where the kernels publish what the host books absorb: mapped pinned host memory, per slot.
-struct books_mirror_view {
-  std::int64_t* frontier = nullptr;  ///< [slots] rows stored
-  std::int32_t* partial = nullptr;   ///< [slots] committed positions of the boundary row
+/// Where `books_snapshot_kernel` copies the device books for the host to absorb (mapped pinned
+/// host memory): a copy made when the host asks, not a store over PCIe by every written pair.
+struct books_snapshot_view {
+  std::int64_t* frontier = nullptr;  ///< [sources][slots] rows stored
+  std::int32_t* partial = nullptr;   ///< [sources][slots] committed positions of the boundary row
 };
 
 /// What a critical write leaves for the backup kernel: rows [first, first + rows) of `slot`, in
@@ -66,7 +70,6 @@ struct step_source {
   write_workspace_view cws;   ///< error books of commits
   write_workspace_view sws;   ///< error books of stages (null without speculation)
   verify_workspace_view vws;  ///< device round books (staged / verified / partial); null without speculation
-  books_mirror_view mirror;
   backup_item* work = nullptr;    ///< [capacity] the backup work list of the last write or commit
   std::uint32_t first_layer = 0;  ///< step_layer_index(s, 0)
 };
@@ -104,9 +107,8 @@ struct stage_args {
 /// (the duplicate scan is spread over the CTA). Shared by every batched kernel of the backend.
 __device__ inline status_code batch_entry_slot_status(bool bad_slot, errc bad_code, const std::int32_t* slots,
                                                       unsigned e, std::int32_t slot) {
-  bool dup = false;
-  if (!bad_slot)
-    for (unsigned j = threadIdx.x; j < e; j += blockDim.x) dup |= slots[j] == slot;
+  bool dup = false;  // scanned whatever bad_slot says, so the scan's loads need not wait for the caller's
+  for (unsigned j = threadIdx.x; j < e; j += blockDim.x) dup |= slots[j] == slot;
   dup = __syncthreads_or(dup) != 0;
   if (bad_slot) return to_status(bad_code);
   return dup ? to_status(errc::duplicate_in_batch) : status_ok;
@@ -139,18 +141,18 @@ __device__ inline void record_entry_error(const write_workspace_view& ws, std::u
   if (key < atomicMin(&ws.control->first_error, key)) ws.sticky[e] = r;
 }
 
-/// Ends one CTA of a launch; the last of a source's CTAs (gridDim.x per source) advances that
-/// source's epoch (launches on one source never overlap: stream order). Every thread of the CTA
-/// calls it: the barrier keeps the epoch from advancing before each thread has read it. No fence:
-/// only later launches read what the CTAs wrote (rows, books, errors, the epoch), and the kernel
-/// boundary orders that.
+/// The epoch of the running launch on a write workspace (see write_control::ticks).
+__device__ inline std::uint32_t write_epoch(const write_workspace_view& ws) {
+  return static_cast<std::uint32_t>(*static_cast<volatile unsigned long long*>(&ws.control->ticks) >> 32);
+}
+
+/// Ends one CTA of a launch on a source (gridDim.x CTAs per source): counts it on the launch clock
+/// without waiting for the result. Every thread of the CTA calls it: the barrier keeps the clock
+/// from reaching the next epoch before each thread has read it. No fence: only later launches read
+/// what the CTAs wrote (rows, books, errors, the clock), and the kernel boundary orders that.
 __device__ inline void finish_write_cta(const write_workspace_view& ws) {
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  if (atomicAdd(&ws.control->done, 1u) == gridDim.x - 1) {
-    ws.control->done = 0;
-    atomicExch(&ws.control->epoch, next_epoch(ws.control->epoch));
-  }
+  if (threadIdx.x == 0) atomicAdd(&ws.control->ticks, blockIdx.x == 0 ? (1ull << 32) - (gridDim.x - 1) : 1ull);
 }
 
 /// r / d and r % d for a history row r >= 0: 32-bit division while r fits (every realistic row),
@@ -213,7 +215,7 @@ __device__ bool rows_reserved(const source_view<OrderIndex>& src, unsigned slot,
 /// The critical launch of a write. Each (source, entry) is checked as the per-source append
 /// checks an entry; a good one writes its new rows into the tail ring (rows inside the tail window
 /// [last - T, last)) and into the host store (rows outside the window; every row when `inline_host`),
-/// then publishes the frontier (device books and pinned mirror). Without `inline_host` it leaves
+/// then publishes the frontier (device books). Without `inline_host` it leaves
 /// the window rows in the backup work list for `backup_rows_kernel`.
 template <class OrderIndex>
 __global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned source_begin, write_args w,
@@ -221,18 +223,41 @@ __global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned
   const unsigned e = blockIdx.x;
   const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
   const source_view<OrderIndex>& src = t.view;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.wws.control->epoch);
+  const std::uint32_t epoch = write_epoch(t.wws);
   const std::int32_t slot = w.slots[e];
   backup_item work{};
   if (slot >= 0) {
-    entry_error r = slot_entry_record(check_entry_slot(src, w.slots, e, slot), slot, epoch);
     const std::size_t at = static_cast<std::size_t>(blockIdx.y + source_begin) * w.rows_pitch + e;
     const std::int32_t rows = w.rows[w.rows_pitch != 0 ? at : e];
+    // Each pair is a chain of dependent loads and the step waits on the longest: the new rows are
+    // loaded before the checks, so the input's loads overlap the books' (slot, frontier, page).
+    // Only an entry whose row count is in range is read; a bad entry's rows are dropped unwritten.
+    const bool rows_in_range = rows > 0 && static_cast<std::uint32_t>(rows) <= w.max_rows;
+    const std::size_t base = !rows_in_range       ? 0
+                             : w.first != nullptr ? static_cast<std::size_t>(w.first[w.rows_pitch != 0 ? at : e])
+                                                  : static_cast<std::size_t>(e) * w.max_rows;
+    const std::uint64_t stride = w.row_stride != 0 ? w.row_stride : src.row_bytes;
+    const unsigned layer0 = w.step_layers ? t.first_layer : 0u;
+    const unsigned vecs = src.row_bytes / 16u;
+    const unsigned per_layer = rows_in_range ? static_cast<unsigned>(rows) * vecs : 0u;
+    const unsigned total = per_layer * src.layers;
+    const auto input = [&](unsigned x) {
+      const unsigned l = x / per_layer, rest = x - l * per_layer;
+      const unsigned i = rest / vecs, v = rest - i * vecs;
+      return reinterpret_cast<const int4*>(w.layer_rows[layer0 + l] + (base + i) * stride) + v;
+    };
+    const unsigned x0 = threadIdx.x, x1 = threadIdx.x + blockDim.x;  // this thread's first two vectors
+    int4 early0{}, early1{};
+    if (x0 < total) early0 = *input(x0);
+    if (x1 < total) early1 = *input(x1);
+    // The frontier too is loaded before the slot's checks end (a slot in range has one).
+    const std::int64_t frontier = static_cast<std::size_t>(slot) < src.space.slots ? src.frontier[slot] : 0;
+    entry_error r = slot_entry_record(check_entry_slot(src, w.slots, e, slot), slot, epoch);
     std::int64_t f = 0;
     if (r.code == status_ok) {
-      f = src.frontier[slot];
+      f = frontier;
       r.frontier = f;
-      if (rows < 0 || static_cast<std::uint32_t>(rows) > w.max_rows) {
+      if (!rows_in_range && rows != 0) {
         r.code = to_status(errc::size_mismatch);
         r.value = rows;
       } else if (!rows_reserved(src, static_cast<unsigned>(slot), f + rows)) {
@@ -246,30 +271,30 @@ __global__ void step_write_kernel(const step_source<OrderIndex>* table, unsigned
       const auto s = static_cast<unsigned>(slot);
       const std::int64_t last = f + rows;
       const std::int64_t tail_begin = last - static_cast<std::int64_t>(src.tail_rows);
-      const std::size_t base = w.first != nullptr ? static_cast<std::size_t>(w.first[w.rows_pitch != 0 ? at : e])
-                                                  : static_cast<std::size_t>(e) * w.max_rows;
-      const std::uint64_t stride = w.row_stride != 0 ? w.row_stride : src.row_bytes;
-      const unsigned layer0 = w.step_layers ? t.first_layer : 0u;
-      for_each_vector(src, static_cast<unsigned>(rows), [&](unsigned l, unsigned i, unsigned v) {
+      const auto place = [&](unsigned x, const int4* from, const int4& value) {
+        const unsigned l = x / per_layer, rest = x - l * per_layer;
+        const unsigned i = rest / vecs, v = rest - i * vecs;
         const std::int64_t row = f + i;
-        const int4* from = reinterpret_cast<const int4*>(w.layer_rows[layer0 + l] + (base + i) * stride);
-        int4* tail = tail_row_address(src, s, l, row);
+        int4* tail = tail_row_address(src, s, l, row) + v;
         const bool in_window = row >= tail_begin;
-        const int4 x = from[v];
-        if (in_window && from != tail) tail[v] = x;  // an engine may have written the ring row in place
-        if ((!in_window || inline_host) && src.writes_host_copy(row)) host_row_address(src, s, l, row)[v] = x;
-      });
+        if (in_window && from != tail) *tail = value;  // an engine may have written the ring row in place
+        if ((!in_window || inline_host) && src.writes_host_copy(row)) host_row_address(src, s, l, row)[v] = value;
+      };
+      if (x0 < total) place(x0, input(x0), early0);
+      if (x1 < total) place(x1, input(x1), early1);
+      for (unsigned x = x1 + blockDim.x; x < total; x += blockDim.x) {
+        const int4* from = input(x);
+        place(x, from, *from);
+      }
       if (!inline_host) work = {slot, static_cast<std::uint32_t>(last - (f > tail_begin ? f : tail_begin)),
                                 f > tail_begin ? f : tail_begin};
       __syncthreads();
       if (threadIdx.x == 0) {
-        src.frontier[slot] = last;  // read by later launches only
-        t.mirror.frontier[slot] = last;
+        src.frontier[slot] = last;  // read by later launches (and a books snapshot) only
         if (t.vws.staged != nullptr) {  // complete rows: a staged block is superseded, no partial row
           t.vws.staged[slot] = 0;
           t.vws.verified[slot] = 0;
           t.vws.partial[slot] = 0;
-          t.mirror.partial[slot] = 0;
         }
       }
     }
@@ -290,7 +315,7 @@ __global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigne
   const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
   const source_view<OrderIndex>& src = t.view;
   const verify_workspace_view& vws = t.vws;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.cws.control->epoch);
+  const std::uint32_t epoch = write_epoch(t.cws);
   const std::int32_t slot = c.slots[e];
   backup_item work{};
   if (slot >= 0) {
@@ -333,8 +358,6 @@ __global__ void step_commit_kernel(const step_source<OrderIndex>* table, unsigne
         vws.partial[slot] = static_cast<std::int32_t>(n_next % m);
         vws.staged[slot] = 0;  // the round is closed: the rest of the block is discarded
         vws.verified[slot] = 0;
-        t.mirror.frontier[slot] = last;
-        t.mirror.partial[slot] = static_cast<std::int32_t>(n_next % m);
       }
     }
   }
@@ -356,7 +379,7 @@ __global__ void step_stage_kernel(const step_source<OrderIndex>* table, unsigned
   const step_source<OrderIndex>& t = table[source_begin + blockIdx.y];
   const source_view<OrderIndex>& src = t.view;
   const verify_workspace_view& vws = t.vws;
-  const std::uint32_t epoch = *static_cast<volatile std::uint32_t*>(&t.sws.control->epoch);
+  const std::uint32_t epoch = write_epoch(t.sws);
   const std::int32_t slot = w.slots[e];
   if (slot >= 0) {
     entry_error r = slot_entry_record(check_entry_slot(src, w.slots, e, slot), slot, epoch);
@@ -416,6 +439,21 @@ __global__ void backup_rows_kernel(const step_source<OrderIndex>* table, unsigne
     const std::int64_t row = work.first + i;
     if (t.view.writes_host_copy(row)) host_row_address(t.view, s, l, row)[v] = tail_row_address(t.view, s, l, row)[v];
   });
+}
+
+/// Copies every source's device frontier and partial boundary row of slots [0, slots) into
+/// `out` (source-major): what `hierarchy::sync_books` absorbs, one launch however many sources.
+template <class OrderIndex>
+__global__ void books_snapshot_kernel(const step_source<OrderIndex>* table, unsigned sources, unsigned slots,
+                                      books_snapshot_view out) {
+  const std::size_t n = static_cast<std::size_t>(sources) * slots;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const step_source<OrderIndex>& t = table[i / slots];
+    const std::size_t slot = i % slots;
+    out.frontier[i] = t.view.frontier[slot];
+    out.partial[i] = t.vws.partial != nullptr ? t.vws.partial[slot] : 0;
+  }
 }
 
 // --------------------------------------------------------------------------------------------
@@ -487,6 +525,16 @@ cudaError_t launch_backup_rows(const step_source<OrderIndex>* table, unsigned so
   return cudaGetLastError();
 }
 
+template <class OrderIndex>
+cudaError_t launch_books_snapshot(const step_source<OrderIndex>* table, unsigned sources, unsigned slots,
+                                  const books_snapshot_view& out, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(sources) * slots;
+  if (n == 0) return cudaSuccess;
+  const auto grid = static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
+  books_snapshot_kernel<OrderIndex><<<grid, write_block_threads, 0, stream>>>(table, sources, slots, out);
+  return cudaGetLastError();
+}
+
 inline cudaError_t launch_page_table_update(const page_table_update* updates, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const auto grid = static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
@@ -502,6 +550,7 @@ cudaError_t preload_write_kernels() {
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, step_commit_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, step_stage_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, backup_rows_kernel<OrderIndex>);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, books_snapshot_kernel<OrderIndex>);
   if (err == cudaSuccess) err = cudaFuncGetAttributes(&a, page_table_update_kernel<>);
   return err;
 }
