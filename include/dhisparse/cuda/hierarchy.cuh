@@ -2433,9 +2433,7 @@ class hierarchy {
   void sync_books_impl(cudaStream_t stream) {
     check_not_captured(stream, "sync_books");
     join_backup_impl(stream);  // the books then describe host copies that exist
-    bool device_leads = false;
-    for (const auto& src : src_) device_leads |= src.device_writes;
-    if (device_leads) {
+    if (device_writes_) {
       // One copy of every source's device frontiers and partial rows, made after the device books
       // that the host paths last changed (on any stream: books_changed) and the launches on `stream`.
       DHISPARSE_CUDA_TRY(cudaStreamWaitEvent(stream, books_written_.get(), cudaEventWaitDefault));

@@ -525,20 +525,24 @@ cudaError_t launch_backup_rows(const step_source<OrderIndex>* table, unsigned so
   return cudaGetLastError();
 }
 
+/// Blocks of write_block_threads for a grid-stride loop over n items (at most 1024).
+constexpr unsigned grid_stride_blocks(std::size_t n) {
+  return static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
+}
+
 template <class OrderIndex>
 cudaError_t launch_books_snapshot(const step_source<OrderIndex>* table, unsigned sources, unsigned slots,
                                   const books_snapshot_view& out, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(sources) * slots;
   if (n == 0) return cudaSuccess;
-  const auto grid = static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
-  books_snapshot_kernel<OrderIndex><<<grid, write_block_threads, 0, stream>>>(table, sources, slots, out);
+  books_snapshot_kernel<OrderIndex><<<grid_stride_blocks(n), write_block_threads, 0, stream>>>(table, sources, slots,
+                                                                                                out);
   return cudaGetLastError();
 }
 
 inline cudaError_t launch_page_table_update(const page_table_update* updates, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const auto grid = static_cast<unsigned>(n / write_block_threads + 1 < 1024 ? n / write_block_threads + 1 : 1024);
-  page_table_update_kernel<><<<grid, write_block_threads, 0, stream>>>(updates, n);
+  page_table_update_kernel<><<<grid_stride_blocks(n), write_block_threads, 0, stream>>>(updates, n);
   return cudaGetLastError();
 }
 
