@@ -232,7 +232,8 @@ void bm_write(benchmark::State& state, method x, unsigned C) {
     // Fresh requests in slots 0 .. C-1, their pages reserved outside the timing.
     for (std::uint32_t id = 0; id < kSlots; ++id)
       if (h.contains(id)) h.complete(id, st.stream);
-    for (std::uint32_t id = 0; id < C; ++id) h.admit(id, st.stream);
+    for (std::uint32_t id = 0; id < C; ++id)
+      if (!h.admit(id, st.stream)) throw std::runtime_error("admission of request " + std::to_string(id) + " refused");
     h.reserve_ahead(steps + 1, st.stream);
     DHB_CHECK(cudaMemsetAsync(st.bad.data(), 0, sizeof(unsigned long long), st.stream));
 

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "dhisparse/cuda/hierarchy.cuh"
@@ -51,7 +53,7 @@ int main() {
     std::vector<dh::request_id> ids;
     for (std::size_t r = 0; r < requests; ++r) {
       const dh::request_id id = 100 + r;
-      h.admit(id, stream);
+      if (!h.admit(id, stream)) throw std::runtime_error("no free slot for request " + std::to_string(id));
       ids.push_back(id);
       for (std::size_t s = 0; s < Hierarchy::sources; ++s) {
         const auto& d = Layout::sources[s];
@@ -125,7 +127,7 @@ int main() {
     DHISPARSE_CUDA_TRY(cudaStreamSynchronize(stream));
     DHISPARSE_CUDA_TRY(cudaStreamDestroy(stream));
     return exact ? 0 : 1;
-  } catch (const dh::error& e) {
+  } catch (const std::exception& e) {  // dh::error (typed) or the example's own
     std::fprintf(stderr, "cuda_graph_step: %s\n", e.what());
     return 1;
   }

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <exception>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,7 @@ void run_rank(Store& store, std::size_t rank, rendezvous& rv) {
   H h(cfg, store, rank);
   std::mt19937_64 rng(7);  // the same selections in both processes
   for (request_id id = 1; id <= kRequests; ++id) {
-    h.admit(id);
+    if (!h.admit(id)) throw std::runtime_error("no free slot for request " + std::to_string(id));
     for (std::size_t s = 0; s < kSources; ++s) h.append(id, s, rows_of(id, s, 0, kPrefill), kPrefill);
   }
   for (std::size_t t = 0; t < kSteps; ++t) {

@@ -29,7 +29,8 @@ enum class copy_layers : std::uint8_t {
 };
 
 /// Result of an admission: admitted with a slot, or wait (no capacity now; try again later).
-struct admission {
+/// [[nodiscard]]: a full hierarchy answers with a wait, not an exception, so the result must be read.
+struct [[nodiscard]] admission {
   /// True when the request now holds a slot.
   bool admitted = false;
   /// The request's slot (meaningful only when admitted).

@@ -259,7 +259,7 @@ TEST_CASE("LRU: direct rows do not touch the cache, even when also cached", "[hi
   H h(cfg);
   const auto geo = model_geometry::of(cfg, 16, layouts::tiny::page_rows);  // the test's own arithmetic
   const request_id a = 5;
-  h.admit(a);
+  REQUIRE(h.admit(a));
   append_rows(h, a, 1, 64);
   const std::size_t slot = h.slot_of(a);
 
@@ -307,7 +307,7 @@ TEST_CASE("LRU: a completed and re-admitted slot starts empty", "[hierarchy][lru
   cfg.max_rows = 64;
   H h(cfg);
   const auto geo = model_geometry::of(cfg, 16, layouts::tiny::page_rows);  // the test's own arithmetic
-  h.admit(1);
+  REQUIRE(h.admit(1));
   append_rows(h, 1, 0, 40);
   resolve(h, 1, 0, {5, 3, 1});
   h.complete(1);

@@ -271,9 +271,9 @@ TEST_CASE("interprocess store misuse throws typed errors with the state unchange
     const int child = fork_and_run([&] {
       auto mine = Store::open(n.name);
       auto* h = new H(config(), mine, 1);  // never destroyed: the process dies with it
-      h->admit(5);
+      if (!h->admit(5)) return 1;
       h->append(5, 1, buf, 16);
-      h->admit(6);
+      if (!h->admit(6)) return 1;
       h->append(6, 1, rc::make_append_buffer(rc::request_tag(6), 1, 1, 32, 0, 8), 8);
       return 0;
     });

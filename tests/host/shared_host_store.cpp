@@ -355,7 +355,7 @@ TEST_CASE("ranks on their own threads share one store", "[host][shared_store]") 
   auto run = [&](std::size_t k) {
     H& h = *ranks[k];
     std::mt19937_64 rng(99);  // the same selections on every rank
-    for (std::size_t r = 0; r < requests; ++r) h.admit(static_cast<request_id>(r + 1));
+    for (std::size_t r = 0; r < requests; ++r) failures[k] += h.admit(static_cast<request_id>(r + 1)) ? 0 : 1;
     for (std::size_t t = 0; t < steps; ++t) {
       for (std::size_t r = 0; r < requests; ++r)
         for (std::size_t s = 0; s < kSources; ++s) {
@@ -443,8 +443,8 @@ TEST_CASE("shared host store misuse throws typed errors with the state unchanged
   }
   SECTION("a read before the owner's write") {
     H r0(config(), store, 0), r1(config(), store, 1);
-    r0.admit(3);
-    r1.admit(3);
+    REQUIRE(r0.admit(3));
+    REQUIRE(r1.admit(3));
     // 20 rows: pages 0 and 2 are rank 0's, page 1 (rows 8..15) rank 1's; rank 0's tail is rows 12..19
     const auto buf = rc::make_append_buffer(rc::request_tag(3), 1, 1, 32, 0, 20);
     r0.append(3, 1, buf, 20);
@@ -474,14 +474,14 @@ TEST_CASE("shared host store misuse throws typed errors with the state unchanged
     auto cfg = config();
     cfg.host_pages = 0;  // the store's
     H r0(cfg, small, 0), r1(cfg, small, 1);
-    r0.admit(1);
-    r1.admit(1);
+    REQUIRE(r0.admit(1));
+    REQUIRE(r1.admit(1));
     const auto buf = rc::make_append_buffer(rc::request_tag(1), 1, 1, 32, 0, 24);
     r0.append(1, 1, buf, 24);  // all 3 pages
     CHECK(small.free_host_pages(1) == 0);
     r1.append(1, 1, buf, 24);  // the same pages: nothing to allocate
     CHECK(small.free_host_pages(1) == 0);
-    r0.admit(2);
+    REQUIRE(r0.admit(2));
     CHECK_THROWS_AS(r0.append(2, 1, rc::make_append_buffer(rc::request_tag(2), 1, 1, 32, 0, 1), 1), host_pool_exhausted);
     CHECK(r0.frontier(2, 1) == 0);
     CHECK_THROWS_AS(r0.reserve_rows(2, 1, 1), host_pool_exhausted);
@@ -494,8 +494,8 @@ TEST_CASE("shared host store misuse throws typed errors with the state unchanged
   SECTION("a rank's hierarchy going away releases its holds") {
     auto r0 = std::make_unique<H>(config(), store, 0);
     H r1(config(), store, 1);
-    r0->admit(4);
-    r1.admit(4);
+    REQUIRE(r0->admit(4));
+    REQUIRE(r1.admit(4));
     const auto buf = rc::make_append_buffer(rc::request_tag(4), 1, 1, 32, 0, 16);
     r0->append(4, 1, buf, 16);
     r1.append(4, 1, buf, 16);

@@ -1135,7 +1135,7 @@ class host_hierarchy {
     if (count > room)
       throw capacity_exceeded(who + " of " + std::to_string(count) + " rows would pass its " +
                               std::to_string(books.reserved_rows(slot)) + " reserved rows (" + std::to_string(room) +
-                              " left; reserve_rows first, at most max_rows)");
+                              " left; reserve_ahead or reserve_rows first, at most max_rows)");
     if (bytes != count * d.payload_layers * d.row_bytes)
       throw size_mismatch(who + " got " + std::to_string(bytes) + " bytes for " + std::to_string(count) +
                           " rows, expected " + std::to_string(count * d.payload_layers * d.row_bytes));
@@ -1150,7 +1150,7 @@ class host_hierarchy {
     if (last > reserved)
       throw capacity_exceeded(std::string(call) + " of request " + std::to_string(request) + " on source " +
                               std::to_string(source) + " would reach row " + std::to_string(last) + ", past its " +
-                              std::to_string(reserved) + " reserved rows (reserve_rows first)");
+                              std::to_string(reserved) + " reserved rows (reserve_ahead or reserve_rows first)");
   }
   void check_host_page(std::size_t source, page_id page) const {
     check_source(source);

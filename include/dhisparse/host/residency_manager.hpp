@@ -110,8 +110,8 @@ struct history_import {
   std::int64_t first_row = 0;
 };
 
-/// Result of an admission.
-struct residency_admission {
+/// Result of an admission ([[nodiscard]]: a wait is an answer, not an exception).
+struct [[nodiscard]] residency_admission {
   /// Admitted, or why the admission waits.
   admit_status status = admit_status::wait_for_slot;
   std::size_t slot = 0;                ///< the request's slot when admitted
