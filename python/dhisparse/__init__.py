@@ -17,6 +17,8 @@ from ._core import (  # noqa: F401  (re-exported)
     CopyLayers,
     DhisparseError,
     HierarchyConfig,
+    HierarchyPlan,
+    PlanBytes,
     PlannedCopy,
     ResidencyAdmission,
     ResidencyConfig,
@@ -121,6 +123,32 @@ def _check_store(store, rank, layout: str, backend: str):
         raise ValueError(f"Hierarchy: a backend={backend!r} hierarchy needs a store made with "
                          f"backend={backend!r}, got a {store.backend!r} store"
                          + (" (CUDA ranks need its pinned, mapped bytes)" if backend == "cuda" else ""))
+
+
+def plan(layout: str, *, slots: int, max_context_tokens: int, gpu_bytes: int,
+         live_context_tokens: Optional[int] = None, host_bytes: Optional[int] = None,
+         tail_rows: Optional[int] = None, max_block: int = 1, residency: str = "adaptive",
+         required_pages: int = 0, reserve_pages: int = 0) -> HierarchyPlan:
+    """The memory planner (C++ ``plan_hierarchy``) for `layout`: `slots` requests of up to
+    `max_context_tokens` positions within `gpu_bytes` of GPU memory (on the host backend, its
+    simulated pools). Returns a HierarchyPlan: ``plan.config`` for Hierarchy or ResidencyManager,
+    ``plan.residency`` for ResidencyManager, ``plan.bytes`` what each backend allocates.
+
+    `live_context_tokens` sizes the host stores for that many positions over all requests (default:
+    every slot full); `host_bytes` checks them against a pinned budget; `residency` is the policy the
+    optional pool is sized for ("adaptive", also "adaptive-mra"/"adaptive-lra"; "resident";
+    "fixed-budget"). B is the layout's (LAYOUTS) and staging dedicated, as in every hierarchy of
+    this package. An input that cannot work raises InvalidConfiguration naming it
+    (docs/memory-planner.md).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; ready instantiations: {sorted(LAYOUTS)}")
+    inputs = _core._ConfigInputs(
+        slots=slots, max_context_tokens=max_context_tokens, gpu_bytes=gpu_bytes,
+        live_context_tokens=live_context_tokens, host_bytes=host_bytes, tail_rows=tail_rows,
+        max_block=max_block, residency=residency, required_pages=required_pages,
+        reserve_pages=reserve_pages)
+    return getattr(_core, f"plan_{layout}")(inputs)
 
 
 def Hierarchy(layout: str, config: Union[HierarchyConfig, Mapping[str, Any], None] = None, *,

@@ -77,7 +77,13 @@ std::string shape_of(const Array& a) {
 /// Rows of a `[payload layer][count][row_bytes]` uint8 array: `count` given, or derived from the
 /// byte size (a size that is not a whole number of rows is left for the library to reject).
 inline std::size_t rows_count(std::size_t bytes, std::optional<std::size_t> count, const source_desc& d) {
-  return count ? *count : bytes / (d.payload_layers * d.row_bytes);
+  if (count) return *count;
+  const std::size_t row = d.payload_layers * d.row_bytes;
+  if (bytes % row != 0)  // else the library would see a wrong count and a confusing byte mismatch
+    throw size_mismatch("rows: " + std::to_string(bytes) + " bytes is not a whole number of rows of " +
+                        std::to_string(d.payload_layers) + " payload layers x " + std::to_string(d.row_bytes) +
+                        " bytes (" + std::to_string(row) + " bytes a row)");
+  return bytes / row;
 }
 
 /// The request ids of a batched call.

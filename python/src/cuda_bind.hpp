@@ -163,7 +163,10 @@ void bind_cuda_hierarchy(nb::module_& m, const char* name, nb::dict layout) {
             h.append(id, source, r.rows.data(), r.bytes, r.count, r.on_device, default_stream(s, h.device()));
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
-          nb::arg("stream") = nb::none())
+          nb::arg("stream") = nb::none(),
+          "Appends one request's rows to one source: `rows` uint8 [payload layers, count, row_bytes], CPU "
+          "or device (count from the size when None). Eager, not capturable: a graph's writes use "
+          "append_step_view.")
       .def(
           "reserve_rows",
           [](Ops& h, request_id id, std::size_t source, std::size_t rows_ahead, opt_stream s) {

@@ -5,6 +5,7 @@
 
 #include <dhisparse/host/hierarchy.hpp>
 #include <dhisparse/host/residency_manager.hpp>
+#include <dhisparse/planner.hpp>
 
 #include "common.hpp"
 #include "store_bind.hpp"
@@ -234,7 +235,10 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
             if (source >= H::sources) return h.append(id, source, bytes, 0);  // invalid_source from the library
             h.append(id, source, bytes, rows_count(bytes.size(), count, L::sources[source]));
           },
-          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none())
+          nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
+          "Appends one request's rows to one source: `rows` uint8 [payload layers, count, row_bytes] "
+          "(count from the size when None). Within the reservation (reserve_ahead / reserve_rows). "
+          "A step's writes for a batch: append_step.")
       .def("reserve_rows", &H::reserve_rows, nb::arg("request"), nb::arg("source"), nb::arg("rows_ahead"))
       .def("reserve_ahead", &H::reserve_ahead, nb::arg("rows_ahead"))
       .def("reserved_rows", &H::reserved_rows, nb::arg("request"), nb::arg("source"))
@@ -310,8 +314,12 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
             return h.resolve(source, std::span<const resolve_item>(items), mode);
           },
           nb::arg("source"), nb::arg("requests"), nb::arg("selections"), nb::arg("locations"),
-          nb::arg("mode") = copy_layers::all)
-      .def("copy_follower", &H::copy_follower, nb::arg("source"), nb::arg("layer"))
+          nb::arg("mode") = copy_layers::all,
+          "Resolves a batch on one source: `selections` int32 [C, k] (history rows, -1 padded) in, "
+          "`locations` int32 [C, k] (writable) filled with pool rows that hold the selected rows' bytes "
+          "(pool(source, layer)[loc]); returns the call's ResolveStats.")
+      .def("copy_follower", &H::copy_follower, nb::arg("source"), nb::arg("layer"),
+           "After a CopyLayers.producer_only resolve: copies follower payload layer `layer` by the same plan.")
       .def("last_plan", [](const H& h, std::size_t source) {
         const auto p = h.last_plan(source);
         return std::vector<planned_copy>(p.begin(), p.end());
@@ -511,6 +519,14 @@ void bind_host_layout(nb::module_& m, const char* layout_name) {
   static const std::string shared = "HostSharedHostStore" + base;
   static const std::string ipc = "HostInterprocessHostStore" + base;
   bind_host_stores<Layout>(m, shared.c_str(), ipc.c_str(), layout_name);
+  // The planner for this layout, with the binding's own choices fixed: B and dedicated staging.
+  static const std::string plan = "plan" + base;
+  m.def(plan.c_str(), [](const config_inputs& in) {
+    config_inputs x = in;
+    x.hot_rows = B;
+    x.staging_arenas.reset();
+    return plan_hierarchy<Layout>(x);
+  });
 }
 
 }  // namespace dhisparse::python

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include <dhisparse/host/residency_manager.hpp>
+#include <dhisparse/planner.hpp>
 
 #include "array_import.hpp"
 #include "common.hpp"
@@ -124,6 +125,73 @@ void bind_types(nb::module_& m) {
                ", max_block=" + std::to_string(c.max_block) + ", prefix_pages=" + std::to_string(c.prefix_pages) + ")";
       });
 
+  // The planner (C++ plan_hierarchy): inputs in, a configuration and its bytes out.
+  nb::class_<config_inputs>(m, "_ConfigInputs")
+      .def(
+          "__init__",
+          [](config_inputs* c, std::uint64_t slots, std::uint64_t max_context_tokens, std::uint64_t gpu_bytes,
+             std::optional<std::uint64_t> live_context_tokens, std::optional<std::uint64_t> host_bytes,
+             std::optional<std::uint64_t> tail_rows, std::uint64_t max_block, const std::string& residency,
+             std::uint64_t required_pages, std::uint64_t reserve_pages) {
+            residency_kind kind{};
+            if (residency == "adaptive" || residency == "adaptive-mra" || residency == "adaptive-lra")
+              kind = residency_kind::adaptive;
+            else if (residency == "resident")
+              kind = residency_kind::resident;
+            else if (residency == "fixed-budget")
+              kind = residency_kind::fixed_budget;
+            else
+              throw planner_input_error("residency", "'" + residency +
+                                                         "' is not one of adaptive, adaptive-mra, adaptive-lra, "
+                                                         "resident, fixed-budget");
+            new (c) config_inputs{};
+            c->slots = slots;
+            c->max_context_tokens = max_context_tokens;
+            c->live_context_tokens = live_context_tokens;
+            c->gpu_bytes = gpu_bytes;
+            c->host_bytes = host_bytes;
+            c->tail_rows = tail_rows;
+            c->max_block = max_block;
+            c->residency = kind;
+            c->required_pages = required_pages;
+            c->reserve_pages = reserve_pages;
+          },
+          nb::kw_only(), nb::arg("slots"), nb::arg("max_context_tokens"), nb::arg("gpu_bytes"),
+          nb::arg("live_context_tokens") = nb::none(), nb::arg("host_bytes") = nb::none(),
+          nb::arg("tail_rows") = nb::none(), nb::arg("max_block") = 1, nb::arg("residency") = "adaptive",
+          nb::arg("required_pages") = 0, nb::arg("reserve_pages") = 0);
+
+  nb::class_<backend_bytes>(m, "PlanBytes", "Bytes each backend allocates for a plan (C++ dhisparse::backend_bytes).")
+      .def_ro("host_pool_bytes", &backend_bytes::host_pool_bytes)
+      .def_ro("host_staging_arena_bytes", &backend_bytes::host_staging_arena_bytes)
+      .def_ro("host_store_bytes", &backend_bytes::host_store_bytes)
+      .def_ro("cuda_pool_bytes", &backend_bytes::cuda_pool_bytes)
+      .def_ro("cuda_staging_arena_bytes", &backend_bytes::cuda_staging_arena_bytes)
+      .def_ro("cuda_metadata_bytes", &backend_bytes::cuda_metadata_bytes)
+      .def_ro("cuda_workspace_bytes", &backend_bytes::cuda_workspace_bytes)
+      .def_ro("cuda_device_allowance", &backend_bytes::cuda_device_allowance)
+      .def_ro("cuda_device_bytes", &backend_bytes::cuda_device_bytes)
+      .def_ro("cuda_pinned_bytes", &backend_bytes::cuda_pinned_bytes)
+      .def_ro("cuda_pinned_allowance", &backend_bytes::cuda_pinned_allowance);
+
+  nb::class_<hierarchy_plan>(m, "HierarchyPlan",
+                             "A planned configuration (C++ dhisparse::hierarchy_plan): `config` for Hierarchy, "
+                             "`residency` for ResidencyManager, `bytes` what each backend allocates.")
+      .def_ro("config", &hierarchy_plan::config)
+      .def_ro("residency", &hierarchy_plan::residency)
+      .def_ro("bytes", &hierarchy_plan::bytes)
+      .def_ro("hot_rows", &hierarchy_plan::hot_rows)
+      .def_prop_ro("residency_mode", [](const hierarchy_plan& p) { return std::string(to_string(p.residency_mode)); })
+      .def_ro("pages_per_request", &hierarchy_plan::pages_per_request)
+      .def_ro("live_context_tokens", &hierarchy_plan::live_context_tokens)
+      .def_ro("default_host_pages", &hierarchy_plan::default_host_pages)
+      .def_ro("optional_pages_needed", &hierarchy_plan::optional_pages_needed)
+      .def_ro("optional_pages_budget", &hierarchy_plan::optional_pages_budget)
+      .def_ro("optional_page_bytes", &hierarchy_plan::optional_page_bytes)
+      .def_ro("host_page_bytes", &hierarchy_plan::host_page_bytes)
+      .def_ro("index_key_bytes", &hierarchy_plan::index_key_bytes)
+      .def_ro("gpu_bytes_left", &hierarchy_plan::gpu_bytes_left);
+
   nb::class_<residency_config>(m, "ResidencyConfig", "Residency ledger sizes (C++ dhisparse::residency_config).")
       .def(
           "__init__",
@@ -163,7 +231,11 @@ void bind_types(nb::module_& m) {
   nb::class_<admission>(m, "Admission", "Result of Hierarchy.admit: admitted with a slot, or a wait.")
       .def_ro("admitted", &admission::admitted)
       .def_ro("slot", &admission::slot)
-      .def("__bool__", [](const admission& a) { return a.admitted; });
+      .def("__bool__", [](const admission& a) { return a.admitted; })
+      .def("__repr__", [](const admission& a) {
+        return a.admitted ? "Admission(admitted=True, slot=" + std::to_string(a.slot) + ")"
+                          : std::string("Admission(admitted=False)");
+      });
 
   nb::class_<residency_admission>(m, "ResidencyAdmission", "Result of ResidencyManager.admit.")
       .def_ro("status", &residency_admission::status)
@@ -171,7 +243,14 @@ void bind_types(nb::module_& m) {
       .def_ro("reclaimed_requests", &residency_admission::reclaimed_requests)
       .def_ro("reclaimed_pages", &residency_admission::reclaimed_pages)
       .def_ro("mapped_pages", &residency_admission::mapped_pages)
-      .def("__bool__", [](const residency_admission& a) { return a.status == admit_status::admitted; });
+      .def("__bool__", [](const residency_admission& a) { return a.status == admit_status::admitted; })
+      .def("__repr__", [](const residency_admission& a) {
+        return "ResidencyAdmission(status=" + std::string(nb::str(nb::cast(a.status)).c_str()) +
+               (a.status == admit_status::admitted ? ", slot=" + std::to_string(a.slot) : std::string()) +
+               ", reclaimed_requests=" + std::to_string(a.reclaimed_requests) +
+               ", reclaimed_pages=" + std::to_string(a.reclaimed_pages) +
+               ", mapped_pages=" + std::to_string(a.mapped_pages) + ")";
+      });
 
   nb::class_<residency_ledger>(m, "ResidencyLedger", "One source's ledger in pages: M, M_req, M_opt, M_res.")
       .def_ro("capacity", &residency_ledger::capacity)

@@ -1,8 +1,30 @@
-"""Shared helpers: the tests' own model of a request's history (the rows they appended)."""
+"""Shared helpers: the tests' own model of a request's history (the rows they appended), and the
+code blocks of docs/python.md that tests run as written."""
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
 import dhisparse
+
+PYTHON_DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+
+
+def doc_python_block(heading):
+    """The first python block under the docs/python.md section that starts with `heading`."""
+    text = PYTHON_DOC.read_text()
+    section = text[text.index(heading):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, f"docs/python.md: no python block under {heading!r}"
+    return match.group(1)
+
+
+def run_doc_block(heading):
+    """Runs that block as a user would; returns its namespace."""
+    ns = {}
+    exec(compile(doc_python_block(heading), str(PYTHON_DOC), "exec"), ns)
+    return ns
 
 
 class History:

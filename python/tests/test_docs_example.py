@@ -2,12 +2,10 @@
 
 Users copy that example; this keeps it working. The block is taken from the page itself, so an
 edit of the page is what runs."""
-import pathlib
-import re
-
 import pytest
 
 import dhisparse
+from conftest import run_doc_block
 
 torch = pytest.importorskip("torch")
 
@@ -17,20 +15,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
 ]
 
-DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
-
-
-def decode_loop_block():
-    text = DOC.read_text()
-    section = text[text.index("## A decode loop"):]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "docs/python.md: no python block under 'A decode loop'"
-    return match.group(1)
-
 
 def test_the_documented_decode_loop_runs_and_attends_over_the_selected_rows():
-    ns = {}
-    exec(compile(decode_loop_block(), str(DOC), "exec"), ns)  # the example, as a user would run it
+    ns = run_doc_block("## A decode loop: torch")  # the example, as a user would run it
     torch.cuda.synchronize()
     h, loc, sel, out = ns["h"], ns["loc"], ns["sel"], ns["out"]
     # After the last replay every selected row resolved to a location, and the attention output

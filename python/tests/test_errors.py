@@ -63,6 +63,10 @@ def test_hierarchy_errors():
     expect(dhisparse.PositionBeyondFrontier, lambda: resolve(h, [20]))
     expect(dhisparse.SelectionTooLong, lambda: resolve(h, list(range(17))), "top_k is 16")
     expect(dhisparse.SizeMismatch, lambda: h.append(1, 0, np.zeros(65, np.uint8), count=1), "expected 128")
+    # Without a count, a size that is no whole number of rows names the row size, not "0 rows".
+    expect(dhisparse.SizeMismatch, lambda: h.append(1, 0, np.zeros((2, 1, 60), np.uint8)),
+           r"120 bytes is not a whole number of rows of 2 payload layers x 64 bytes \(128 bytes a row\)")
+    assert h.frontier(1, 0) == 20
     expect(dhisparse.InvalidSource, lambda: resolve(h, [0], source=2))
     expect(dhisparse.InvalidSource, lambda: h.pool(0, 2))
     expect(dhisparse.CapacityExceeded, lambda: h.append(1, 1, np.zeros((1, 45, 32), np.uint8)))

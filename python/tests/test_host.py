@@ -49,7 +49,8 @@ def test_resolved_rows_are_the_appended_rows(layout, rng):
 def test_one_request_resolve_and_hot_cache_reuse(rng):
     h = dhisparse.Hierarchy("tiny", {"max_requests": 1, "max_rows": 64})
     hist = History(h.layout)
-    h.admit(5)
+    assert repr(h.admit(5)) == "Admission(admitted=True, slot=0)"
+    assert repr(h.admit(6)) == "Admission(admitted=False)"  # one slot: a wait, nothing changed
     rows = hist.new_rows(1, 40)
     h.append(5, 1, rows)
     hist.add(5, 1, rows)
@@ -196,6 +197,8 @@ def test_residency_manager(policy, rng):
     imports = [hist.new_rows(0, 33), hist.new_rows(1, 17)]
     a = m.admit(10, imports)
     assert a and a.status == dhisparse.AdmitStatus.admitted
+    assert repr(a) == (f"ResidencyAdmission(status=AdmitStatus.admitted, slot={a.slot}, reclaimed_requests=0, "
+                       f"reclaimed_pages=0, mapped_pages={a.mapped_pages})")
     for s, rows in enumerate(imports):
         hist.add(10, s, rows)
         assert m.imported_rows(10, s) == rows.shape[1]
@@ -343,3 +346,45 @@ def test_default_stream_is_torch_current_stream_of_the_objects_device(monkeypatc
     assert asked == [3, None]
     monkeypatch.delitem(sys.modules, "torch")
     assert dhisparse._current_stream(3) == 0  # no torch: the legacy default stream
+
+
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_planner_sizes_a_hierarchy_by_the_documented_rules(layout):
+    """dhisparse.plan against the derivation of docs/memory-planner.md, computed here from the layout."""
+    lay = dhisparse._lookup("Hierarchy", layout, "host").layout
+    p_rows, m = lay["page_rows"], lay["sources"][0]["positions_per_row"]
+    n, ctx, live = 6, 20_000, 50_000
+    max_rows = -(-ctx // m)
+    ppr = -(-max_rows // p_rows)
+    row_set = p_rows * sum(s["payload_layers"] * s["row_bytes"] for s in lay["sources"])
+    fixed = dhisparse.plan(layout, slots=n, max_context_tokens=ctx, gpu_bytes=64 << 30,
+                           live_context_tokens=live, residency="fixed-budget")
+    c = fixed.config
+    assert (c.max_requests, c.max_rows, c.tail_rows, c.optional_pages) == (n, max_rows, p_rows, 0)
+    assert c.host_pages == min(n * ppr, (live + n * (m * p_rows - 1)) // (m * p_rows))
+    assert fixed.pages_per_request == ppr and fixed.default_host_pages == n * ppr
+    assert fixed.host_page_bytes == fixed.optional_page_bytes == row_set
+    assert fixed.bytes.host_store_bytes == c.host_pages * row_set == fixed.bytes.cuda_pinned_bytes
+    assert fixed.hot_rows == dhisparse.LAYOUTS[layout] and fixed.residency_mode == "fixed-budget"
+    resident = dhisparse.plan(layout, slots=n, max_context_tokens=ctx, gpu_bytes=64 << 30,
+                              residency="resident", required_pages=1, reserve_pages=2)
+    assert resident.config.optional_pages == n * (max_rows // p_rows + 1) + 2
+    assert (resident.residency.required_pages, resident.residency.reserve_pages) == (1, 2)
+    adaptive = dhisparse.plan(layout, slots=n, max_context_tokens=ctx, gpu_bytes=64 << 30)
+    assert adaptive.config.optional_pages <= adaptive.optional_pages_budget
+    assert adaptive.bytes.cuda_device_bytes + adaptive.gpu_bytes_left == 64 << 30
+
+
+def test_planner_errors_name_the_input_and_its_config_builds_a_hierarchy():
+    with pytest.raises(dhisparse.InvalidConfiguration, match="planner: gpu_bytes: "):
+        dhisparse.plan("tiny", slots=3, max_context_tokens=512, gpu_bytes=0)
+    with pytest.raises(dhisparse.InvalidConfiguration, match="planner: residency: 'lru' is not one of"):
+        dhisparse.plan("tiny", slots=3, max_context_tokens=512, gpu_bytes=1 << 24, residency="lru")
+    with pytest.raises(ValueError, match="unknown layout"):
+        dhisparse.plan("llama", slots=3, max_context_tokens=512, gpu_bytes=1 << 24)
+    p = dhisparse.plan("tiny", slots=3, max_context_tokens=512, gpu_bytes=1 << 24, max_block=4)
+    h = dhisparse.Hierarchy("tiny", p.config)
+    assert h.config.max_requests == 3 and h.config.max_block == 4
+    assert h.requirements(p.config)["host_store_bytes"] == p.bytes.host_store_bytes
+    m = dhisparse.ResidencyManager("tiny", p.config, p.residency)
+    assert m.capacity_pages == p.config.optional_pages
