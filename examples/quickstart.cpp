@@ -59,12 +59,15 @@ std::vector<std::byte> model_rows(dh::request_id id, std::size_t s, std::int64_t
 
 int main() {
   // [plan]
-  constexpr std::size_t B = 128;  // hot-cache rows per source (B >= top_k; 2 x top_k is a good start)
+  constexpr std::size_t B = 128;  // hot-cache rows per request and source (B >= top_k; 2 x top_k is a good start)
   dh::config_inputs in;
   in.slots = 4;                      // requests decoding at once
   in.max_context_tokens = 2048;      // prompt + generated positions of the longest request
   in.gpu_bytes = 16ull << 20;        // GPU memory the hierarchy may use (on the host backend: its simulated pools)
   in.hot_rows = B;
+  // A hierarchy alone keeps no optional history (fixed_budget_policy); size for that. With a
+  // residency_manager<Hierarchy, adaptive_policy<>>, leave the default (adaptive) and pass plan.residency.
+  in.residency = dh::residency_kind::fixed_budget;
   const dh::hierarchy_plan plan = dh::plan_hierarchy<my_model>(in);  // throws planner_input_error, naming the field
   using Hierarchy = dh::host_hierarchy<my_model, dh::lru_hot_cache<B>>;
   Hierarchy h(plan.config);
@@ -77,8 +80,10 @@ int main() {
   std::size_t checked = 0, wrong = 0;
 
   // [admit]
-  // Admission: a slot, then the prefill's rows on every source. A full hierarchy answers with a
-  // wait (admission is false), not an exception: keep the request queued and try again later.
+  // Admission: a slot, then the prefill's rows on every source. No free slot is a wait (the
+  // admission is false), not an exception: keep the request queued and try again later. Host pages
+  // running short is an exception (host_pool_exhausted) from append: complete the request then.
+  // (residency_manager::admit takes the whole history and answers wait_for_host_pages instead.)
   const auto admit = [&](dh::request_id id, std::size_t prompt_rows) {
     if (!h.admit(id)) return false;
     for (std::size_t s = 0; s < kSources; ++s) {  // eager appends take the host pages they need
@@ -139,7 +144,7 @@ int main() {
 
   // [loop]
   // Between steps: completions, admissions, and host pages for the next steps' batched writes
-  // (append_step allocates nothing; past its reservation it throws capacity_exceeded).
+  // (append_step takes no host pages; past its reservation it throws capacity_exceeded).
   constexpr std::size_t kReserveEvery = 16;
   for (std::size_t t = 0; t < 64; ++t) {
     if (t == 32) {  // request 1 finishes: its slot and pages go back; request 4 takes them

@@ -137,8 +137,8 @@ def plan(layout: str, *, slots: int, max_context_tokens: int, gpu_bytes: int,
     `live_context_tokens` sizes the host stores for that many positions over all requests (default:
     every slot full); `host_bytes` checks them against a pinned budget; `residency` is the policy the
     optional pool is sized for ("adaptive", also "adaptive-mra"/"adaptive-lra"; "resident";
-    "fixed-budget"). B is the layout's (LAYOUTS) and staging dedicated, as in every hierarchy of
-    this package. An input that cannot work raises InvalidConfiguration naming it
+    "fixed-budget": what a Hierarchy without a ResidencyManager runs). B is the layout's
+    (LAYOUTS) and staging dedicated, as in every hierarchy of this package. An input that cannot work raises InvalidConfiguration naming it
     (docs/memory-planner.md).
     """
     if layout not in LAYOUTS:

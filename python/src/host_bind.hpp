@@ -237,8 +237,8 @@ void bind_host_hierarchy(nb::module_& m, const char* name, const char* layout_na
           },
           nb::arg("request"), nb::arg("source"), nb::arg("rows"), nb::arg("count") = nb::none(),
           "Appends one request's rows to one source: `rows` uint8 [payload layers, count, row_bytes] "
-          "(count from the size when None). Within the reservation (reserve_ahead / reserve_rows). "
-          "A step's writes for a batch: append_step.")
+          "(count from the size when None). Eager: takes the host pages it needs. "
+          "A step's writes for a batch: append_step (within reserve_ahead's pages).")
       .def("reserve_rows", &H::reserve_rows, nb::arg("request"), nb::arg("source"), nb::arg("rows_ahead"))
       .def("reserve_ahead", &H::reserve_ahead, nb::arg("rows_ahead"))
       .def("reserved_rows", &H::reserved_rows, nb::arg("request"), nb::arg("source"))
