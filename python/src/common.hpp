@@ -75,7 +75,8 @@ std::string shape_of(const Array& a) {
 }
 
 /// Rows of a `[payload layer][count][row_bytes]` uint8 array: `count` given, or derived from the
-/// byte size (a size that is not a whole number of rows is left for the library to reject).
+/// byte size (size_mismatch when that is not a whole number of rows; a given count is checked by
+/// the library).
 inline std::size_t rows_count(std::size_t bytes, std::optional<std::size_t> count, const source_desc& d) {
   if (count) return *count;
   const std::size_t row = d.payload_layers * d.row_bytes;
