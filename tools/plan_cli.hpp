@@ -91,13 +91,6 @@ constexpr std::optional<layout_desc> layout_by_name(std::string_view name) {
   return std::nullopt;
 }
 
-/// Residency kind by its name ("adaptive", "resident", "fixed-budget"), or nullopt.
-constexpr std::optional<residency_kind> residency_by_name(std::string_view name) {
-  for (const auto k : {residency_kind::adaptive, residency_kind::resident, residency_kind::fixed_budget})
-    if (to_string(k) == name) return k;
-  return std::nullopt;
-}
-
 /// What `plan_hierarchy` is asked for, from the options: the session plan's slots, hot rows, tail,
 /// drafter block and arenas, with the pool as the GPU budget (0 when --pool-gib is not given).
 constexpr config_inputs config_inputs_of(const plan_cli_options& o) {

@@ -517,6 +517,13 @@ constexpr std::string_view to_string(residency_kind k) {
   return "unknown";
 }
 
+/// Residency kind by its short name (`to_string`'s), or nullopt.
+constexpr std::optional<residency_kind> residency_by_name(std::string_view name) {
+  for (const auto k : {residency_kind::adaptive, residency_kind::resident, residency_kind::fixed_budget})
+    if (to_string(k) == name) return k;
+  return std::nullopt;
+}
+
 /// What to configure a hierarchy for. Members without a default must be set.
 struct config_inputs {
   std::uint64_t slots = 0;               ///< N: request slots (hierarchy_config::max_requests)

@@ -146,7 +146,10 @@ def plan(layout: str, *, slots: int, max_context_tokens: int, gpu_bytes: int,
     inputs = _core._ConfigInputs(
         slots=slots, max_context_tokens=max_context_tokens, gpu_bytes=gpu_bytes,
         live_context_tokens=live_context_tokens, host_bytes=host_bytes, tail_rows=tail_rows,
-        max_block=max_block, residency=residency, required_pages=required_pages,
+        max_block=max_block,
+        # The manager's adaptive policies ("adaptive-mra", "adaptive-lra") size the same pool.
+        residency={"adaptive-mra": "adaptive", "adaptive-lra": "adaptive"}.get(residency, residency),
+        required_pages=required_pages,
         reserve_pages=reserve_pages)
     return getattr(_core, f"plan_{layout}")(inputs)
 

@@ -133,17 +133,9 @@ void bind_types(nb::module_& m) {
              std::optional<std::uint64_t> live_context_tokens, std::optional<std::uint64_t> host_bytes,
              std::optional<std::uint64_t> tail_rows, std::uint64_t max_block, const std::string& residency,
              std::uint64_t required_pages, std::uint64_t reserve_pages) {
-            residency_kind kind{};
-            if (residency == "adaptive" || residency == "adaptive-mra" || residency == "adaptive-lra")
-              kind = residency_kind::adaptive;
-            else if (residency == "resident")
-              kind = residency_kind::resident;
-            else if (residency == "fixed-budget")
-              kind = residency_kind::fixed_budget;
-            else
-              throw planner_input_error("residency", "'" + residency +
-                                                         "' is not one of adaptive, adaptive-mra, adaptive-lra, "
-                                                         "resident, fixed-budget");
+            const auto kind = residency_by_name(residency);
+            if (!kind)
+              throw planner_input_error("residency", "'" + residency + "' is not one of adaptive, resident, fixed-budget");
             new (c) config_inputs{};
             c->slots = slots;
             c->max_context_tokens = max_context_tokens;
@@ -152,7 +144,7 @@ void bind_types(nb::module_& m) {
             c->host_bytes = host_bytes;
             c->tail_rows = tail_rows;
             c->max_block = max_block;
-            c->residency = kind;
+            c->residency = *kind;
             c->required_pages = required_pages;
             c->reserve_pages = reserve_pages;
           },

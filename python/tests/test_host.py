@@ -373,6 +373,8 @@ def test_planner_sizes_a_hierarchy_by_the_documented_rules(layout):
     adaptive = dhisparse.plan(layout, slots=n, max_context_tokens=ctx, gpu_bytes=64 << 30)
     assert adaptive.config.optional_pages <= adaptive.optional_pages_budget
     assert adaptive.bytes.cuda_device_bytes + adaptive.gpu_bytes_left == 64 << 30
+    mra = dhisparse.plan(layout, slots=n, max_context_tokens=ctx, gpu_bytes=64 << 30, residency="adaptive-mra")
+    assert mra.residency_mode == "adaptive" and mra.config.optional_pages == adaptive.config.optional_pages
 
 
 def test_planner_errors_name_the_input_and_its_config_builds_a_hierarchy():
