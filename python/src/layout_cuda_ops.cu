@@ -1,7 +1,7 @@
-// The CUDA facade (cuda_ops.hpp) of every bound layout, compiled by nvcc as ONE translation unit:
-// the library's non-template __global__ kernels are defined in its headers, so a second TU
-// including cuda/hierarchy.cuh would define them again at link time. CMakeLists.txt passes the
-// hot-cache rows of each layout as DHISPARSE_PY_HOT_<layout>.
+// The CUDA facade (cuda_ops.hpp) of every bound layout, compiled by nvcc as ONE translation unit
+// (the library's kernels are templates, so several TUs could instantiate them, but each nvcc TU
+// parses the CUDA headers again: on a 2-core build one TU beside the C++ binders finishes first).
+// CMakeLists.txt passes the hot-cache rows of each layout as DHISPARSE_PY_HOT_<layout>.
 #include <cuda_runtime.h>
 
 #include <algorithm>
