@@ -144,6 +144,22 @@ __global__ void check_flat(const std::uint64_t* const* in, std::uint64_t* const*
   }
 }
 
+/// Whether row `row` of payload layer l of `slot` holds `want` both in the tail ring and in the
+/// host store (a reserved page).
+template <class View>
+__device__ bool row_written(const View& v, unsigned l, unsigned slot, long long row, const std::uint64_t* want) {
+  const std::int32_t hp = v.host_page[static_cast<std::size_t>(slot) * v.pages_per_request + row / v.page_rows];
+  if (hp < 0) return false;
+  const auto* tail = reinterpret_cast<const std::uint64_t*>(v.layer_pool[l] +
+                                                            static_cast<std::size_t>(v.space.tail(slot, row)) * v.row_bytes);
+  const auto* host = reinterpret_cast<const std::uint64_t*>(
+      v.host_store + static_cast<std::uint64_t>(hp) * v.page_bytes +
+      (static_cast<std::uint64_t>(l) * v.page_rows + static_cast<std::uint64_t>(row) % v.page_rows) * v.row_bytes);
+  for (unsigned w = 0; w < v.row_bytes / 8u; ++w)
+    if (tail[w] != want[w] || host[w] != want[w]) return false;
+  return true;
+}
+
 /// Counts rows of one source whose tail row or host-store row differs from the input (row `row`
 /// of slots 0 .. C-1; input layer l of the source is global layer first_layer + l).
 template <class View>
@@ -152,18 +168,7 @@ __global__ void check_source(View v, const std::uint64_t* const* in, unsigned fi
   const unsigned words = v.row_bytes / 8u;
   for (unsigned u = blockIdx.x * blockDim.x + threadIdx.x; u < v.layers * C; u += gridDim.x * blockDim.x) {
     const unsigned l = u / C, slot = u - l * C;
-    const std::uint64_t* want = in[first_layer + l] + static_cast<std::size_t>(slot) * words;
-    const auto* tail = reinterpret_cast<const std::uint64_t*>(v.layer_pool[l] +
-                                                              static_cast<std::size_t>(v.space.tail(slot, row)) * v.row_bytes);
-    const std::int32_t hp = v.host_page[static_cast<std::size_t>(slot) * v.pages_per_request + row / v.page_rows];
-    const auto* host = reinterpret_cast<const std::uint64_t*>(
-        v.host_store + static_cast<std::uint64_t>(hp) * v.page_bytes +
-        (static_cast<std::uint64_t>(l) * v.page_rows + static_cast<std::uint64_t>(row) % v.page_rows) * v.row_bytes);
-    for (unsigned w = 0; w < words; ++w)
-      if (hp < 0 || tail[w] != want[w] || host[w] != want[w]) {
-        atomicAdd(bad, 1ull);
-        break;
-      }
+    if (!row_written(v, l, slot, row, in[first_layer + l] + static_cast<std::size_t>(slot) * words)) atomicAdd(bad, 1ull);
   }
 }
 
@@ -177,19 +182,8 @@ __global__ void check_commit(View v, const std::uint64_t* const* in, unsigned fi
   for (unsigned u = blockIdx.x * blockDim.x + threadIdx.x; u < v.layers * C * K; u += gridDim.x * blockDim.x) {
     const unsigned l = u / (C * K), rest = u - l * C * K, slot = rest / K, i = rest - slot * K;
     if (static_cast<std::int32_t>(i) > accepted[slot]) continue;
-    const long long row = frontier_before[slot] + i;
     const std::uint64_t* want = in[first_layer + l] + static_cast<std::size_t>(slot * K + i) * words;
-    const auto* tail = reinterpret_cast<const std::uint64_t*>(v.layer_pool[l] +
-                                                              static_cast<std::size_t>(v.space.tail(slot, row)) * v.row_bytes);
-    const std::int32_t hp = v.host_page[static_cast<std::size_t>(slot) * v.pages_per_request + row / v.page_rows];
-    const auto* host = reinterpret_cast<const std::uint64_t*>(
-        v.host_store + static_cast<std::uint64_t>(hp) * v.page_bytes +
-        (static_cast<std::uint64_t>(l) * v.page_rows + static_cast<std::uint64_t>(row) % v.page_rows) * v.row_bytes);
-    for (unsigned w = 0; w < words; ++w)
-      if (hp < 0 || tail[w] != want[w] || host[w] != want[w]) {
-        atomicAdd(bad, 1ull);
-        break;
-      }
+    if (!row_written(v, l, slot, frontier_before[slot] + i, want)) atomicAdd(bad, 1ull);
   }
 }
 
